@@ -1,0 +1,27 @@
+# `make train` and `make test` create .venv on first use, so a fresh clone needs nothing else.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: train test plan bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(PY) -m dflash.train $(ARGS)
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest $(ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_plan.py
+	$(PY) benchmarks/bench_buckets.py
+	$(PY) benchmarks/bench_loss.py
+
+clean:
+	rm -rf $(VENV) outputs

@@ -1,0 +1,7 @@
+"""Batch planning: strategies, bucket boundaries, plans and their metrics."""
+from .lengths import DataError, check_lengths, load_lengths
+from .plan import Batch, EpochPlan
+from .strategies import STRATEGIES, PackingSpec, Planner, build_planner
+
+__all__ = ["Batch", "DataError", "EpochPlan", "PackingSpec", "Planner", "STRATEGIES",
+           "build_planner", "check_lengths", "load_lengths"]

@@ -1,0 +1,160 @@
+"""Batch and EpochPlan: the objects every later stage consumes.
+
+An epoch plan is three flat arrays (sample ids in batch order, batch offsets, one bucket
+id per batch) plus each batch's padded length, so a batch's ids, bucket and shape can
+never drift apart, and slicing, sharding and resuming are O(batches) array operations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Batch:
+    epoch: int
+    step: int
+    sample_ids: np.ndarray  # int64
+    bucket_id: int
+    seq_len: int  # padded length: the longest sample in the batch
+    num_tokens: int  # real (unpadded) tokens
+
+    @property
+    def batch_size(self) -> int:
+        return int(len(self.sample_ids))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.batch_size, self.seq_len)
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.batch_size * self.seq_len
+
+
+@dataclass
+class EpochPlan:
+    epoch: int
+    indices: np.ndarray  # int64 [num_samples_in_plan]
+    offsets: np.ndarray  # int64 [num_batches + 1]
+    bucket: np.ndarray  # int32 [num_batches]
+    seq_len: np.ndarray  # int64 [num_batches] padded length of each batch
+    num_tokens: np.ndarray  # int64 [num_batches] real tokens of each batch
+
+    @classmethod
+    def build(cls, epoch: int, indices: np.ndarray, offsets: np.ndarray,
+              bucket: np.ndarray, lengths: np.ndarray) -> "EpochPlan":
+        indices = np.asarray(indices, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        ordered = lengths[indices].astype(np.int64, copy=False)
+        if len(offsets) > 1:
+            seq_len = np.maximum.reduceat(ordered, offsets[:-1])
+            num_tokens = np.add.reduceat(ordered, offsets[:-1])
+        else:
+            seq_len = num_tokens = np.zeros(0, dtype=np.int64)
+        return cls(epoch, indices, offsets, np.asarray(bucket, dtype=np.int32),
+                   seq_len.astype(np.int64), num_tokens.astype(np.int64))
+
+    # ---- sizes -------------------------------------------------------------------
+    @property
+    def num_batches(self) -> int:
+        return len(self.offsets) - 1
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    @property
+    def batch_sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(np.dot(self.batch_sizes, self.seq_len))  # int64 dot: no overflow
+
+    @property
+    def useful_tokens(self) -> int:
+        return int(self.num_tokens.sum(dtype=np.int64))
+
+    @property
+    def padding_efficiency(self) -> float:
+        padded = self.padded_tokens
+        return self.useful_tokens / padded if padded else 0.0
+
+    # ---- access ------------------------------------------------------------------
+    def __getitem__(self, step: int) -> Batch:
+        if not 0 <= step < self.num_batches:
+            raise IndexError(f"step {step} outside epoch {self.epoch} "
+                             f"with {self.num_batches} batches")
+        lo, hi = self.offsets[step], self.offsets[step + 1]
+        return Batch(self.epoch, step, self.indices[lo:hi], int(self.bucket[step]),
+                     int(self.seq_len[step]), int(self.num_tokens[step]))
+
+    def batches(self, start_step: int = 0) -> Iterator[Batch]:
+        """Batches from `start_step` on: resuming mid-epoch is a slice, not a replay."""
+        for step in range(start_step, self.num_batches):
+            yield self[step]
+
+    def take(self, batch_ids: np.ndarray) -> "EpochPlan":
+        """A plan holding the given batches, in the given order (repeats allowed)."""
+        batch_ids = np.asarray(batch_ids, dtype=np.int64)
+        sizes = self.batch_sizes[batch_ids]
+        offsets = np.zeros(len(batch_ids) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        # position p of new batch j reads old position old_start[j] + (p - new_start[j])
+        shift = np.repeat(self.offsets[:-1][batch_ids] - offsets[:-1], sizes)
+        src = np.arange(offsets[-1], dtype=np.int64) + shift
+        return EpochPlan(self.epoch, self.indices[src], offsets, self.bucket[batch_ids],
+                         self.seq_len[batch_ids], self.num_tokens[batch_ids])
+
+    def for_rank(self, rank: int, world_size: int, remainder: str = "repeat") -> "EpochPlan":
+        """This rank's batches; every rank gets the same number of batches.
+
+        repeat: the epoch's first batches are reused to fill the last step, so no sample
+        is dropped (a few are seen twice); drop: the last num_batches % world_size batches
+        are left out. `remainder_stats` reports either effect.
+        """
+        return self.take(rank_batch_ids(self.num_batches, rank, world_size, remainder))
+
+    # ---- files -------------------------------------------------------------------
+    def save_npz(self, path: str | Path) -> None:
+        np.savez(path, indices=self.indices.astype(np.int64),
+                 offsets=self.offsets.astype(np.int64), bucket=self.bucket.astype(np.int32))
+
+
+def rank_batch_ids(num_batches: int, rank: int, world_size: int, remainder: str) -> np.ndarray:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+    if remainder == "repeat":
+        if num_batches == 0:
+            raise ValueError("the epoch plan has no batches to share between ranks")
+        extra = (-num_batches) % world_size
+        order = np.concatenate([np.arange(num_batches), np.arange(extra) % num_batches])
+    elif remainder == "drop":
+        usable = num_batches - num_batches % world_size
+        if usable == 0:
+            raise ValueError(f"{num_batches} batches cannot give each of {world_size} "
+                             "ranks a batch with batching.remainder=drop")
+        order = np.arange(usable)
+    else:
+        raise ValueError(f"batching.remainder must be 'repeat' or 'drop', got {remainder!r}")
+    return order[rank::world_size]
+
+
+def remainder_stats(plan: EpochPlan, world_size: int, remainder: str) -> dict:
+    """What the distributed split does with batches that do not divide evenly."""
+    nb = plan.num_batches
+    left = nb % world_size
+    sizes = plan.batch_sizes
+    if remainder == "repeat":
+        extra = (-nb) % world_size
+        repeated = sizes[np.arange(extra) % max(nb, 1)].sum() if nb else 0
+        return {"policy": "repeat", "world_size": world_size, "batches_per_rank": -(-nb // world_size),
+                "repeated_batches": int(extra), "repeated_samples": int(repeated),
+                "dropped_batches": 0, "dropped_samples": 0}
+    dropped = int(sizes[nb - left:].sum()) if left else 0
+    return {"policy": "drop", "world_size": world_size, "batches_per_rank": nb // world_size,
+            "repeated_batches": 0, "repeated_samples": 0,
+            "dropped_batches": int(left), "dropped_samples": dropped}

@@ -1,0 +1,132 @@
+"""The batching strategies: one Planner per data set, one EpochPlan per (seed, epoch).
+
+All four order the samples, pack them with the shared greedy rule and (except random,
+already random) shuffle batch order. Plans depend only on (lengths, config, seed, epoch),
+so any rank can rebuild any epoch and resume at any step without replaying earlier ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import buckets as bk
+from .lengths import DataError, check_fits_budget, check_lengths
+from .packing import pack, segment_ends
+from .plan import EpochPlan
+
+STRATEGIES = ("sorted", "random", "bucketed", "megabatch")
+
+
+@dataclass(frozen=True)
+class PackingSpec:
+    token_budget: int
+    max_batch_size: int
+    sort_window: int = 0
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "PackingSpec":
+        if cfg.max_batch_size < 1:
+            raise DataError(f"batching.max_batch_size must be >= 1, got {cfg.max_batch_size}")
+        if cfg.sort_window < 0:
+            raise DataError(f"batching.sort_window must be >= 0, got {cfg.sort_window}")
+        return cls(int(cfg.token_budget), int(cfg.max_batch_size), int(cfg.sort_window))
+
+
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch)]))
+
+
+class Planner:
+    """Plans epochs for one strategy over fixed sample lengths and bucket boundaries."""
+
+    def __init__(self, strategy: str, lengths, boundaries, spec: PackingSpec, seed: int = 0):
+        if strategy not in STRATEGIES:
+            raise DataError(f"batching.strategy must be one of {STRATEGIES}, got {strategy!r}")
+        self.strategy = strategy
+        self.lengths = check_lengths(lengths)
+        check_fits_budget(self.lengths, spec.token_budget)
+        self.boundaries = bk.check_boundaries(boundaries, self.lengths)
+        self.spec = spec
+        self.seed = int(seed)
+        self.sample_bucket = bk.assign(self.lengths, self.boundaries)
+        self.num_buckets = len(self.boundaries) - 1
+        # int16 bucket keys let numpy's stable argsort use radix sort (3x faster)
+        self._bucket_key = (self.sample_bucket.astype(np.int16) if self.num_buckets < 2**15
+                            else self.sample_bucket)
+        if strategy == "sorted":
+            # Static batches: computed once, only their order changes per epoch.
+            order = np.argsort(self.lengths, kind="stable")
+            self._static = self._finish(0, order, pack(self.lengths[order], spec.token_budget,
+                                                       spec.max_batch_size))
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.lengths)
+
+    def window_samples(self) -> int:
+        """Samples per sort window: `sort_window` batches' worth at the mean length."""
+        per_batch = self.spec.token_budget // max(1, int(round(self.lengths.mean())))
+        per_batch = max(1, min(self.spec.max_batch_size, per_batch))
+        return self.spec.sort_window * per_batch
+
+    def epoch(self, epoch: int) -> EpochPlan:
+        rng = epoch_rng(self.seed, epoch)
+        spec = self.spec
+        if self.strategy == "sorted":
+            return self._static_shuffled(epoch, rng)
+        perm = rng.permutation(self.num_samples)
+        if self.strategy == "random":
+            return self._finish(epoch, perm, pack(self.lengths[perm], spec.token_budget,
+                                                  spec.max_batch_size))
+        if self.strategy == "megabatch":
+            window = max(1, self.window_samples())
+            order = self._sort_windows(perm, np.zeros(len(perm), dtype=np.int64), window)
+            offsets = pack(self.lengths[order], spec.token_budget, spec.max_batch_size)
+        else:  # bucketed
+            # stable sort by bucket keeps the random order inside each bucket
+            order = perm[np.argsort(self._bucket_key[perm], kind="stable")]
+            counts = np.bincount(self.sample_bucket, minlength=self.num_buckets)
+            if spec.sort_window > 0:
+                order = self._sort_windows(order, self.sample_bucket[order], self.window_samples())
+            offsets = pack(self.lengths[order], spec.token_budget, spec.max_batch_size,
+                           segment_end=segment_ends(counts))
+        plan = self._finish(epoch, order, offsets)
+        return plan.take(rng.permutation(plan.num_batches))
+
+    # ---- helpers -----------------------------------------------------------------
+    def _sort_windows(self, order: np.ndarray, segment: np.ndarray, window: int) -> np.ndarray:
+        """Sort consecutive windows of `window` samples (restarting at each segment).
+
+        Windows alternate ascending/descending so that where greedy packing runs across
+        a window edge it joins similar lengths (long with long, short with short).
+        """
+        starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
+        seg_start = np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+        local = np.arange(len(order)) - seg_start
+        win = local // window
+        global_win = np.cumsum(local % window == 0) - 1
+        lens = self.lengths[order]
+        top = int(lens.max()) + 1
+        # one int64 key (window, then length up or down) sorts in a single stable pass
+        key = global_win * (top + 1) + np.where(win % 2 == 0, lens, top - lens)
+        return order[np.argsort(key, kind="stable")]
+
+    def _finish(self, epoch: int, order: np.ndarray, offsets: np.ndarray) -> EpochPlan:
+        plan = EpochPlan.build(epoch, order, offsets, np.zeros(len(offsets) - 1, np.int32),
+                               self.lengths)
+        # A batch's bucket: the bucket of its longest sample (for `bucketed` every sample
+        # of a batch is in that bucket); it names the padded shape family for warmup.
+        plan.bucket = bk.assign(plan.seq_len, self.boundaries)
+        return plan
+
+    def _static_shuffled(self, epoch: int, rng: np.random.Generator) -> EpochPlan:
+        base = self._static
+        plan = base.take(rng.permutation(base.num_batches))
+        plan.epoch = epoch
+        return plan
+
+
+def build_planner(batching_cfg, lengths, boundaries, seed: int) -> Planner:
+    return Planner(batching_cfg.strategy, lengths, boundaries,
+                   PackingSpec.from_cfg(batching_cfg), seed=seed)

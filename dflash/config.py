@@ -1,0 +1,192 @@
+"""Typed schemas for every config group.
+
+Each group's YAML merges into one of these dataclasses (registered with Hydra's
+ConfigStore and named first in each app's defaults list), so a misspelled key or a
+value of the wrong type fails at start with Hydra's message naming the full key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class DataConfig:
+    # synthetic: generated on the fly (cached on disk); tokenized: a directory written by
+    # `dflash.data.prepare`; lengths: a 1-D .npy of sample lengths (planning only).
+    source: str = "synthetic"
+    path: Optional[str] = None
+    num_samples: int = 2000
+    # Synthetic lengths follow the production profile scaled by this factor, so CPU runs
+    # keep the shape of the distribution at a fraction of the tokens.
+    length_scale: float = 0.0625
+    min_length: int = 16
+    vocab_size: int = 512
+    max_seq_len: int = 8192
+    overlong: str = "error"  # truncate | drop | error
+    seed: int = 0
+    cache_dir: str = "${oc.env:DFLASH_CACHE,.cache/dflash}"
+    # prepare only: tokenizer directory and JSONL input
+    tokenizer: Optional[str] = None
+    jsonl: Optional[str] = None
+
+
+@dataclass
+class TargetConfig:
+    path: Optional[str] = None  # local HF model dir; None builds the tiny model below
+    hidden_size: int = 64
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 128
+    vocab_size: int = 512
+    seed: int = 0
+    dtype: str = "float32"
+    layer_ids: Optional[List[int]] = None  # None: 5 layers spread from 1 to L-3
+
+
+@dataclass
+class DrafterConfig:
+    num_layers: int = 1
+    block_size: int = 16
+    num_anchors: int = 512
+    gamma: float = 7.0
+    mask_token_id: Optional[int] = None  # None: last id of the vocabulary
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    loss_impl: str = "auto"  # auto | torch | triton
+    loss_chunk: int = 1024
+
+
+@dataclass
+class BatchingConfig:
+    strategy: str = "bucketed"  # sorted | random | bucketed | megabatch
+    token_budget: int = 49152
+    max_batch_size: int = 64
+    # Windows of this many batches' worth of samples are sorted before packing
+    # (megabatch always; bucketed when > 0).
+    sort_window: int = 0
+    # What happens when batches do not divide evenly over data-parallel ranks:
+    # repeat: the first batches of the epoch are repeated to fill the last step;
+    # drop: the last batches are dropped (and counted in the report).
+    remainder: str = "repeat"
+
+
+@dataclass
+class BucketsConfig:
+    name: str = "seed6"
+    # fixed: use `boundaries`; geometric | quantile | equal_tokens: computed from the data.
+    kind: str = "fixed"
+    boundaries: Optional[List[int]] = None
+    num_buckets: int = 6
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WarmupConfig:
+    enabled: bool = True
+    max_shapes: int = 16
+    policy: str = "buckets"  # buckets | observed | none
+
+
+@dataclass
+class TopologyConfig:
+    name: str = "cpu"
+    device: str = "auto"  # auto | cpu | cuda
+    # data-parallel replicas; each replica runs target stage(s) then drafter stage(s)
+    dp_size: int = 1
+    target_gpus: int = 0
+    drafter_gpus: int = 0
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"
+    project: str = "dflash"
+    mode: str = "disabled"  # online | offline | disabled
+    log_every: int = 10
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    epochs: int = 1
+    max_steps: int = -1
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    buckets: BucketsConfig = field(default_factory=BucketsConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    seed: int = 0
+    epochs: int = 1
+    report: Optional[str] = None
+
+
+@dataclass
+class PlanConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    buckets: BucketsConfig = field(default_factory=BucketsConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    lengths_file: Optional[str] = None
+    epochs: int = 2
+    seed: int = 0
+    report: Optional[str] = None
+    dump: Optional[str] = None
+
+
+@dataclass
+class BucketsAppConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    lengths_file: Optional[str] = None
+    num_buckets: str = "6"  # an integer or "auto"
+    auto_gap: float = 0.005
+    auto_max: int = 32
+    quadratic: float = 0.0
+    candidates: int = 256
+    out: Optional[str] = None
+    name: Optional[str] = None
+    plot: Optional[str] = None
+    seed: int = 0
+
+
+_GROUPS = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "batching": BatchingConfig,
+    "buckets": BucketsConfig,
+    "warmup": WarmupConfig,
+    "topology": TopologyConfig,
+    "logger": LoggerConfig,
+}
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="plan_schema", node=PlanConfig)
+    cs.store(name="buckets_schema", node=BucketsAppConfig)
+    for group, node in _GROUPS.items():
+        cs.store(group=group, name=f"{group}_schema", node=node)
+
+
+register()

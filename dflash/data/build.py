@@ -1,0 +1,59 @@
+"""Builds the data a run needs from the `data` config group."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..batching.lengths import DataError, check_lengths, load_lengths
+from .format import TokenDataset
+from .overlong import apply_to_lengths, check_policy
+from .synthetic import build_synthetic, synthetic_lengths
+
+SOURCES = ("synthetic", "tokenized", "lengths")
+
+
+@dataclass
+class Data:
+    lengths: np.ndarray  # int64, one per sample the planner sees
+    dataset: TokenDataset | None  # None when only lengths are known
+    info: dict = field(default_factory=dict)
+
+
+def load_data(cfg, lengths_file: str | None = None, need_tokens: bool = False) -> Data:
+    """Lengths (always) and tokens (when `need_tokens`) for the configured source.
+
+    `lengths_file` (the plan/buckets apps' argument) overrides the data group.
+    """
+    check_policy(cfg.overlong)
+    if lengths_file is not None:
+        return _lengths_only(load_lengths(lengths_file), cfg, str(lengths_file))
+    if cfg.source not in SOURCES:
+        raise DataError(f"data.source must be one of {SOURCES}, got {cfg.source!r}")
+    if cfg.source == "lengths":
+        return _lengths_only(load_lengths(cfg.path), cfg, str(cfg.path))
+    if cfg.source == "tokenized":
+        ds = TokenDataset.open(cfg.path)
+        lengths = check_lengths(ds.lengths, source=str(cfg.path))
+        over = lengths > cfg.max_seq_len
+        if over.any():
+            # Token files are not rewritten at load; prepare applies truncate/drop.
+            i = int(np.argmax(over))
+            raise DataError(f"{cfg.path}: sample {i} has {int(lengths[i])} tokens, more than "
+                            f"data.max_seq_len={cfg.max_seq_len}; re-run prepare with that limit")
+        return Data(lengths, ds, {"source": "tokenized", "path": str(cfg.path),
+                                  "num_samples": len(lengths)})
+    raw = synthetic_lengths(cfg.num_samples, cfg.length_scale, cfg.min_length, cfg.seed)
+    lengths, _, report = apply_to_lengths(raw, cfg.max_seq_len, cfg.overlong, "synthetic data")
+    info = {"source": "synthetic", "num_samples": len(lengths), **report.as_dict()}
+    ds = None
+    if need_tokens:
+        ds = build_synthetic(cfg.num_samples, cfg.length_scale, cfg.min_length, cfg.vocab_size,
+                             cfg.seed, lengths, cfg.cache_dir)
+    return Data(lengths, ds, info)
+
+
+def _lengths_only(lengths: np.ndarray, cfg, source: str) -> Data:
+    lengths, _, report = apply_to_lengths(lengths, cfg.max_seq_len, cfg.overlong, source)
+    return Data(lengths, None, {"source": "lengths", "path": source,
+                                "num_samples": len(lengths), **report.as_dict()})

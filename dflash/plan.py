@@ -1,0 +1,68 @@
+"""`python -m dflash.plan`: plan epochs for a set of sample lengths and report on them.
+
+    python -m dflash.plan lengths_file=F.npy batching=bucketed buckets=seed6 epochs=2 \
+        seed=0 report=R.json dump=DIR
+    python -m dflash.plan experiment=compare_batching --multirun \
+        batching=sorted,random,bucketed,megabatch
+
+`report` holds a JSON list with one object per strategy run; a run replaces the entry
+of an earlier run with the same settings, so a multirun fills in one file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from . import config as _config  # noqa: F401  (registers the schemas)
+from .batching.buckets import resolve_boundaries
+from .batching.report import format_report, plan_report
+from .batching.strategies import build_planner
+from .data.build import load_data
+
+log = logging.getLogger("dflash.plan")
+
+_IDENTITY = ("strategy", "boundaries", "token_budget", "max_batch_size", "sort_window",
+             "seed", "epochs", "num_samples")
+
+
+def run_plan(cfg: DictConfig) -> dict:
+    data = load_data(cfg.data, lengths_file=cfg.lengths_file)
+    boundaries = resolve_boundaries(cfg.buckets, data.lengths)
+    planner = build_planner(cfg.batching, data.lengths, boundaries, cfg.seed)
+    report = plan_report(planner, int(cfg.epochs), world_size=int(cfg.topology.dp_size),
+                         remainder=cfg.batching.remainder, dump_dir=cfg.dump, progress=True)
+    report["buckets_preset"] = cfg.buckets.name
+    report["data"] = data.info
+    if cfg.report:
+        write_report(Path(cfg.report), report)
+    return report
+
+
+def write_report(path: Path, report: dict) -> None:
+    entries = []
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+            entries = old if isinstance(old, list) else [old]
+        except json.JSONDecodeError:
+            log.warning("report %s was not valid JSON; starting it afresh", path)
+    same = lambda e: all(e.get(k) == report.get(k) for k in _IDENTITY)  # noqa: E731
+    entries = [e for e in entries if not same(e)] + [report]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entries, indent=2))
+
+
+@hydra.main(config_path="../conf", config_name="plan", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    report = run_plan(cfg)
+    print(format_report(report))
+    if cfg.report:
+        print(f"report: {cfg.report}")
+
+
+if __name__ == "__main__":
+    main()
