@@ -1,16 +1,63 @@
 """The greedy packing rule shared by every strategy, vectorised.
 
 Walk samples in order; add the next one while (count + 1) * max(current_max, length)
-<= token_budget and count < max_batch_size, else close the batch. Equivalently a batch
-that starts at i has size = the first k with k * cummax(lengths[i:i+k]) > budget, so we
-compute that size for every possible start at once (windows of at most `cap` samples)
-and then follow the chain of starts, which touches only one entry per batch.
+<= token_budget and count < max_batch_size, else close the batch. A batch opened at i
+therefore holds the largest k with k * max(lengths[i:i+k]) <= budget (k <= cap), and
+that predicate is monotone in k. We compute k for every possible start at once, then
+follow the chain of starts, which touches one entry per batch:
+  1. a narrow sliding-window pass settles every start whose batch closes early;
+  2. the rest binary-search k with O(1) range maxima from a sparse table.
+Comparisons use m <= budget // k (integers), so no product can overflow.
 """
 from __future__ import annotations
 
 import numpy as np
 
-_CHUNK_ELEMS = 1 << 22  # rows x cap per chunk: bounds the window scratch to ~16 MB
+_NARROW = 8
+_CHUNK_ROWS = 1 << 19
+
+
+def _dtype(token_budget: int):
+    # lengths <= budget: int32 scratch halves memory traffic whenever the budget fits
+    return np.int32 if token_budget < np.iinfo(np.int32).max - 1 else np.int64
+
+
+def _narrow_pass(padded: np.ndarray, n: int, width: int, limit: np.ndarray) -> np.ndarray:
+    windows = np.lib.stride_tricks.sliding_window_view(padded, width)
+    sizes = np.empty(n, dtype=np.int64)
+    for s in range(0, n, _CHUNK_ROWS):
+        block = windows[s:min(n, s + _CHUNK_ROWS)]
+        over = np.maximum.accumulate(block, axis=1) > limit[:width]
+        first = over.argmax(axis=1)
+        first[~over[np.arange(len(block)), first]] = width  # every position fitted
+        sizes[s:s + len(block)] = first
+    return sizes
+
+
+def _sparse_search(padded: np.ndarray, rows: np.ndarray, start: int, cap: int,
+                   token_budget: int) -> np.ndarray:
+    """Largest k in [start, cap] with k * max(padded[i:i+k]) <= budget, for i in rows."""
+    levels = int(cap).bit_length()
+    m = len(padded)
+    table = np.empty((levels, m), dtype=padded.dtype)
+    table[0] = padded
+    for j in range(1, levels):
+        h = 1 << (j - 1)
+        np.maximum(table[j - 1, :m - h], table[j - 1, h:], out=table[j, :m - h])
+        table[j, m - h:] = token_budget + 1
+    flat = table.ravel()
+    log2 = np.zeros(cap + 1, dtype=np.int64)
+    log2[1:] = np.floor(np.log2(np.arange(1, cap + 1)))
+    cur = np.full(len(rows), start, dtype=np.int64)
+    for b in range(levels - 1, -1, -1):
+        cand = cur + (1 << b)
+        ok = cand <= cap
+        k = np.where(ok, cand, 1)
+        j = log2[k]
+        base = j * m + rows
+        mx = np.maximum(flat[base], flat[base + k - (1 << j)])
+        cur = np.where(ok & (mx <= token_budget // k), cand, cur)
+    return cur
 
 
 def batch_sizes_from_each_start(lengths: np.ndarray, token_budget: int, cap: int,
@@ -19,41 +66,19 @@ def batch_sizes_from_each_start(lengths: np.ndarray, token_budget: int, cap: int
     n = len(lengths)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    # A batch can never hold more than budget // shortest samples: narrower windows.
-    shortest = max(int(lengths.min()), 1)
-    cap = int(max(1, min(cap, token_budget // shortest, n)))
-    # k * m <= B  <=>  m <= B // k  (integers): compare against per-position limits,
-    # which needs no multiplication and so cannot overflow. Lengths are <= budget, so
-    # int32 suffices for the window scratch when the budget does (half the bandwidth).
-    dtype = np.int32 if token_budget < np.iinfo(np.int32).max else np.int64
-    limit = (token_budget // np.arange(1, cap + 1, dtype=np.int64)).astype(dtype)
-    padded = np.concatenate([lengths.astype(dtype, copy=False),
-                             np.full(cap - 1, token_budget + 1, dtype=dtype)])
-    sizes = np.empty(n, dtype=np.int64)
-    # Most batches close well before `cap` in unsorted data: try a narrow window first
-    # and widen only the rows whose window was filled.
-    todo = np.arange(n, dtype=np.int64)
-    width = min(cap, 8)
-    while True:
-        windows = np.lib.stride_tricks.sliding_window_view(padded, width)
-        rows = max(1, _CHUNK_ELEMS // width)
-        still = []
-        for s in range(0, len(todo), rows):
-            idx = todo[s:s + rows]
-            block = windows[idx] if len(todo) != n else windows[s:s + len(idx)]
-            over = np.maximum.accumulate(block, axis=1) > limit[:width]
-            first = over.argmax(axis=1)
-            full = ~over[np.arange(len(idx)), first]  # every position fitted
-            first[full] = width
-            sizes[idx] = first
-            if width < cap:
-                still.append(idx[full])
-        if width >= cap:
-            break
-        todo = np.concatenate(still) if still else todo[:0]
-        if len(todo) == 0:
-            break
-        width = min(cap, width * 4)
+    # a batch never holds more than budget // shortest samples
+    cap = int(max(1, min(cap, token_budget // max(int(lengths.min()), 1), n)))
+    dt = _dtype(token_budget)
+    limit = (token_budget // np.arange(1, cap + 1, dtype=np.int64)).astype(dt)
+    # past the end: a sentinel longer than the budget closes every batch
+    padded = np.concatenate([lengths.astype(dt, copy=False),
+                             np.full(max(cap, 2), token_budget + 1, dtype=dt)])
+    width = min(cap, _NARROW)
+    sizes = _narrow_pass(padded, n, width, limit)
+    if cap > width:
+        rows = np.flatnonzero(sizes == width)
+        if len(rows):
+            sizes[rows] = _sparse_search(padded, rows, width, cap, token_budget)
     if segment_end is not None:
         np.minimum(sizes, segment_end - np.arange(n, dtype=np.int64), out=sizes)
     return sizes

@@ -1,0 +1,116 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+import dflash.config  # noqa: F401
+from conftest import REPO
+
+CONF = str(REPO / "conf")
+GROUPS = {g: sorted(p.stem for p in (REPO / "conf" / g).glob("*.yaml"))
+          for g in ("data", "model", "batching", "buckets", "warmup", "topology", "logger")}
+
+
+def _compose(name, overrides=()):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_every_group_option_composes(group):
+    for option in GROUPS[group]:
+        cfg = _compose("train", [f"{group}={option}"])
+        assert OmegaConf.is_missing(cfg[group], "path") or cfg[group] is not None
+
+
+def test_defaults_and_experiment():
+    cfg = _compose("plan", ["experiment=compare_batching"])
+    assert cfg.data.num_samples == 902087 and cfg.batching.token_budget == 49152
+    assert cfg.batching.max_batch_size == 64
+    assert list(_compose("plan").buckets.boundaries) == [0, 770, 1216, 1728, 2432, 3296, 8192]
+
+
+@pytest.mark.parametrize("override,match", [
+    ("batching.tokn_budget=10", "tokn_budget"),
+    ("batching.token_budget=lots", "token_budget"),
+    ("data.num_sampels=3", "num_sampels"),
+    ("buckets=seed7", "seed7"),
+])
+def test_bad_overrides_name_the_key(override, match):
+    with pytest.raises(ConfigCompositionException, match=match):
+        _compose("plan", [override])
+
+
+def test_misspelled_key_in_a_preset_file(tmp_path):
+    (tmp_path / "buckets").mkdir()
+    (tmp_path / "buckets" / "typo.yaml").write_text("name: typo\nkind: fixed\nboundary: [0, 10]\n")
+    with pytest.raises(ConfigCompositionException, match="boundary"):
+        _compose("plan", [f"hydra.searchpath=[file://{tmp_path}]", "buckets=typo"])
+
+
+def _run(module, *args, check=True):
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(proc.stdout + proc.stderr)
+    return proc
+
+
+def test_plan_app_report_and_dump(tmp_path):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(65, 8192, 3000)
+    np.save(tmp_path / "len.npy", lengths)
+    out = _run("dflash.plan", f"lengths_file={tmp_path}/len.npy", "batching=bucketed",
+               "buckets=seed6", "epochs=3", "seed=5", f"report={tmp_path}/r.json",
+               f"dump={tmp_path}/dump", "topology.dp_size=4", f"hydra.run.dir={tmp_path}/run")
+    assert "padding_efficiency=" in out.stdout and "per bucket" in out.stdout
+    (rep,) = json.loads((tmp_path / "r.json").read_text())
+    for key in ("strategy", "num_samples", "useful_tokens", "padded_tokens", "padding_efficiency",
+                "num_batches", "pair_repeat_rate", "length_mixing", "plan_seconds", "buckets"):
+        assert key in rep
+    assert set(rep["buckets"][0]) >= {"lo", "hi", "samples", "batches", "mean_batch_size",
+                                      "efficiency"}
+    assert rep["useful_tokens"] == int(lengths.sum()) and rep["distributed"]["world_size"] == 4
+    for e in range(3):
+        z = np.load(tmp_path / "dump" / f"epoch{e}.npz")
+        assert z["indices"].dtype == np.int64 and z["offsets"].dtype == np.int64
+        assert z["bucket"].dtype == np.int32
+        assert np.array_equal(np.sort(z["indices"]), np.arange(3000))
+        assert len(z["bucket"]) == len(z["offsets"]) - 1
+    assert not (tmp_path / "dump" / "epoch3.npz").exists()
+    z0 = np.load(tmp_path / "dump" / "epoch0.npz")
+    assert rep["num_batches"] == len(z0["bucket"])
+
+
+def test_plan_multirun_fills_one_report(tmp_path):
+    np.save(tmp_path / "len.npy", np.random.default_rng(1).integers(1, 4000, 2000))
+    _run("dflash.plan", "--multirun", "batching=sorted,random,megabatch",
+         f"lengths_file={tmp_path}/len.npy", f"report={tmp_path}/r.json",
+         f"hydra.sweep.dir={tmp_path}/multi")
+    reps = json.loads((tmp_path / "r.json").read_text())
+    assert sorted(r["strategy"] for r in reps) == ["megabatch", "random", "sorted"]
+
+
+def test_plan_app_bad_input_fails_clearly(tmp_path):
+    (tmp_path / "bad.npy").write_bytes(b"not numpy")
+    proc = _run("dflash.plan", f"lengths_file={tmp_path}/bad.npy",
+                f"hydra.run.dir={tmp_path}/run", check=False)
+    assert proc.returncode != 0 and "bad.npy is not a readable .npy array" in proc.stderr
+    np.save(tmp_path / "long.npy", np.array([100, 60000]))
+    proc = _run("dflash.plan", f"lengths_file={tmp_path}/long.npy", "data.max_seq_len=100000",
+                f"hydra.run.dir={tmp_path}/run", check=False)
+    assert proc.returncode != 0 and "sample 1 has length 60000" in proc.stderr
+
+
+def test_train_builds_data_and_plan_without_pretending(tmp_path):
+    proc = _run("dflash.train", "data.num_samples=200", f"data.cache_dir={tmp_path}/cache",
+                f"hydra.run.dir={tmp_path}/run")
+    rep = json.loads((tmp_path / "run" / "plan_report.json").read_text())
+    assert rep["num_samples"] == 200 and rep["strategy"] == "bucketed"
+    assert "no drafter was trained" in proc.stdout + proc.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
