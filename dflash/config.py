@@ -159,7 +159,7 @@ class BucketsAppConfig:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     lengths_file: Optional[str] = None
     num_buckets: str = "6"  # an integer or "auto"
-    auto_gap: float = 0.005
+    auto_gap: float = 0.02
     auto_max: int = 32
     quadratic: float = 0.0
     candidates: int = 256

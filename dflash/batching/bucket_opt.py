@@ -1,0 +1,158 @@
+"""Globally optimal bucket boundaries for dflash's bucketed shuffle.
+
+The expected padded cost of the whole plan is the sum of each bucket's cost, and a
+bucket's cost depends only on its own [lo, hi) (bucket_cost.py). So with candidate
+boundaries at histogram-bin edges, a dynamic program over (buckets used, last edge)
+finds the exact optimum over those candidates in O(K * G^2) after an all-pairs cost
+table. The answer is then measured by exact simulation of the real planner.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .bucket_cost import bucket_costs_from, histogram_bins
+from .lengths import DataError, check_fits_budget, check_lengths
+from .metrics import bucket_table
+from .strategies import PackingSpec, Planner
+
+
+@dataclass
+class CostTable:
+    edges: np.ndarray  # int64 [G + 1] candidate boundaries (bin edges)
+    counts: np.ndarray  # int64 [G] samples per bin
+    useful: np.ndarray  # float64 [G] useful cost per bin (tokens, or with attention term)
+    padded: np.ndarray  # float64 [G + 1, G + 1]; padded[a, b] = expected cost of bins [a, b)
+    quadratic: float = 0.0
+
+    @property
+    def num_bins(self) -> int:
+        return len(self.counts)
+
+
+@dataclass
+class BucketFit:
+    boundaries: np.ndarray  # int64, first 0, last past the longest sample
+    cuts: tuple  # bin-edge indices of the boundaries
+    predicted_efficiency: float
+    per_bucket_predicted: list = field(default_factory=list)
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.boundaries) - 1
+
+
+def slot_cost(values: np.ndarray, quadratic: float) -> np.ndarray:
+    """Cost of one (padded) token slot at length L: L, plus an attention term c * L^2."""
+    values = np.asarray(values, dtype=np.float64)
+    return values + quadratic * values * values
+
+
+def build_cost_table(lengths, spec: PackingSpec, candidates: int = 256,
+                     quadratic: float = 0.0, progress: bool = False) -> CostTable:
+    lengths = check_lengths(lengths)
+    check_fits_budget(lengths, spec.token_budget)
+    if candidates < 2:
+        raise DataError(f"candidates must be >= 2, got {candidates}")
+    edges, values, counts, tokens = histogram_bins(lengths, candidates)
+    g = len(counts)
+    cv = slot_cost(values, quadratic)
+    if quadratic:
+        idx = np.searchsorted(edges, lengths, side="right") - 1
+        useful = np.bincount(idx, weights=slot_cost(lengths, quadratic), minlength=g)
+    else:
+        useful = tokens.astype(np.float64)
+    padded = np.full((g + 1, g + 1), np.inf)
+    for a in tqdm(range(g), desc="bucket costs", disable=not progress):
+        per_sample = bucket_costs_from(a, values, counts, spec.token_budget,
+                                       spec.max_batch_size, cost_values=cv)
+        n = np.cumsum(counts[a:])
+        # a bucket never pads below its own useful cost
+        padded[a, a + 1:] = np.maximum(per_sample * n, np.cumsum(useful[a:]))
+    return CostTable(edges, counts, useful, padded, quadratic)
+
+
+def _check_k(table: CostTable, k: int) -> None:
+    if k < 1:
+        raise DataError(f"num_buckets must be >= 1, got {k}")
+    if k > table.num_bins:
+        distinct = "all lengths are equal" if table.num_bins == 1 else (
+            f"the data has only {table.num_bins} candidate boundaries")
+        raise DataError(f"num_buckets={k} is more buckets than can be non-empty: {distinct}; "
+                        "lower num_buckets or raise `candidates`")
+
+
+def _fit(table: CostTable, cuts) -> BucketFit:
+    cuts = tuple(int(c) for c in cuts)
+    b = table.edges[list(cuts)].copy()
+    b[0] = 0
+    b[-1] = table.edges[-1]
+    rows = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        rows.append(float(table.useful[lo:hi].sum() / table.padded[lo, hi]))
+    total = sum(table.padded[lo, hi] for lo, hi in zip(cuts[:-1], cuts[1:]))
+    return BucketFit(b.astype(np.int64), cuts, float(table.useful.sum() / total), rows)
+
+
+def optimal_fits(table: CostTable, k_max: int) -> list[BucketFit]:
+    """The optimal fit for every K = 1..k_max (one DP pass serves them all)."""
+    _check_k(table, k_max)
+    g = table.num_bins
+    cost = table.padded
+    best = cost[0].copy()  # best[b]: one bucket covering bins [0, b)
+    back = [np.zeros(g + 1, dtype=np.int64)]
+    fits = [_fit(table, (0, g))]
+    for k in range(2, k_max + 1):
+        total = best[:, None] + cost  # [a, b]: first k-1 buckets end at a, last is [a, b)
+        arg = np.argmin(total, axis=0)
+        best = total[arg, np.arange(g + 1)]
+        back.append(arg)
+        cuts = [g]
+        for level in range(k - 1, 0, -1):
+            cuts.append(int(back[level][cuts[-1]]))
+        cuts.append(0)
+        fits.append(_fit(table, tuple(reversed(cuts))))
+    return fits
+
+
+def exhaustive_fit(table: CostTable, k: int) -> BucketFit:
+    """Brute force over every choice of inner boundaries (for tests on small inputs)."""
+    _check_k(table, k)
+    g = table.num_bins
+    best = None
+    for inner in itertools.combinations(range(1, g), k - 1):
+        cuts = (0, *inner, g)
+        cost = sum(table.padded[a, b] for a, b in zip(cuts[:-1], cuts[1:]))
+        if best is None or cost < best[0]:
+            best = (cost, cuts)
+    return _fit(table, best[1])
+
+
+def choose_auto(fits: list[BucketFit], gap: float) -> BucketFit:
+    """Smallest K whose predicted efficiency is within `gap` of the largest K's."""
+    top = fits[-1].predicted_efficiency
+    for fit in fits:
+        if fit.predicted_efficiency >= top - gap:
+            return fit
+    return fits[-1]
+
+
+def simulate(lengths, boundaries, spec: PackingSpec, epochs: int = 2, seed: int = 0,
+             quadratic: float = 0.0) -> dict:
+    """Exact efficiency of the real bucketed planner (mean over epochs) and per bucket."""
+    planner = Planner("bucketed", lengths, boundaries, spec, seed=seed)
+    useful_c = float(slot_cost(planner.lengths, quadratic).sum())
+    effs, rows = [], None
+    for e in range(epochs):
+        plan = planner.epoch(e)
+        padded_c = float((plan.batch_sizes * slot_cost(plan.seq_len, quadratic)).sum())
+        effs.append(useful_c / padded_c)
+        table = bucket_table(plan, planner.boundaries)
+        rows = table if rows is None else [
+            {**r, "efficiency": r["efficiency"] + t["efficiency"]} for r, t in zip(rows, table)]
+    for r in rows:
+        r["efficiency"] /= epochs
+    return {"efficiency": float(np.mean(effs)), "buckets": rows}
