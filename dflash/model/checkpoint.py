@@ -1,0 +1,99 @@
+"""Drafter checkpoints in the public DFlash layout, loadable by serving engines.
+
+    DIR/config.json        Qwen3 config, architectures ["DFlashDraftModel"], top-level
+                           block_size and num_target_layers, and
+                           dflash_config {block_size, mask_token_id, target_layer_ids}
+    DIR/model.safetensors  fc.weight, hidden_norm.weight, norm.weight, layers.{i}.* (no
+                           embeddings or LM head: those are the target's)
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..batching.lengths import DataError
+from .drafter import DFlashDrafter, DrafterSpec
+
+
+def drafter_config_dict(spec: DrafterSpec) -> dict:
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "intermediate_size": spec.intermediate_size,
+        "vocab_size": spec.vocab_size,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        # older readers take block_size from the top level, newer ones from dflash_config
+        "block_size": spec.block_size,
+        "num_target_layers": spec.num_target_layers,
+        "dflash_config": {"block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
+                          "target_layer_ids": list(spec.target_layer_ids)},
+    }
+
+
+def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = drafter_config_dict(drafter.spec)
+    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu()
+             for k, v in drafter.state_dict().items()}
+    cfg["torch_dtype"] = str(next(iter(state.values())).dtype).replace("torch.", "")
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+def spec_from_config(cfg: dict, where: str) -> DrafterSpec:
+    try:
+        dc = cfg.get("dflash_config", {})
+        return DrafterSpec(
+            hidden_size=cfg["hidden_size"], num_layers=cfg["num_hidden_layers"],
+            num_heads=cfg["num_attention_heads"], num_kv_heads=cfg["num_key_value_heads"],
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+            intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
+            num_target_layers=cfg["num_target_layers"],
+            target_layer_ids=list(dc["target_layer_ids"]),
+            block_size=int(dc.get("block_size", cfg.get("block_size", 16))),
+            mask_token_id=int(dc["mask_token_id"]), rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta", 1e6),
+            max_position_embeddings=cfg.get("max_position_embeddings", 40960))
+    except KeyError as exc:
+        raise DataError(f"{where}: missing key {exc} for a DFlash drafter") from exc
+
+
+def load_drafter(path: str | Path, device="cpu") -> DFlashDrafter:
+    path = Path(path)
+    cfg_file, weights = path / "config.json", path / "model.safetensors"
+    for f in (cfg_file, weights):
+        if not f.exists():
+            raise DataError(f"drafter checkpoint {path}: {f.name} is missing")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{cfg_file} is corrupt: {exc}") from exc
+    if "DFlashDraftModel" not in cfg.get("architectures", []):
+        raise DataError(f"{cfg_file}: architectures {cfg.get('architectures')} is not a "
+                        "DFlash drafter")
+    drafter = DFlashDrafter(spec_from_config(cfg, str(cfg_file)))
+    try:
+        state = load_file(str(weights), device=str(device))
+    except Exception as exc:
+        raise DataError(f"{weights} is corrupt: {exc}") from exc
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DataError(f"{weights}: missing {sorted(missing)[:5]}, unexpected "
+                        f"{sorted(unexpected)[:5]} parameter names")
+    return drafter.to(device)

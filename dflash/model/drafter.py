@@ -1,0 +1,176 @@
+"""The DFlash drafter: a few Qwen3-style layers that denoise a block of 16 tokens.
+
+A block is [anchor token, MASK x 15] at positions a..a+15. Queries come from the block;
+keys and values from [projected target context ; block] ("KV injection"): the context is
+the target's hidden states at a few layers, concatenated, projected by `fc` and
+RMS-normed once, and every layer reads it through its own k/v projections. A block sees
+context strictly before its anchor and all of its own block (bidirectional), never
+another block. Embedding and LM head are the target's (frozen, not stored here).
+Parameter names match the public DFlash drafter checkpoints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class DrafterSpec:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_target_layers: int
+    target_layer_ids: list = field(default_factory=list)
+    block_size: int = 16
+    mask_token_id: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+
+    @classmethod
+    def from_target(cls, target, cfg) -> "DrafterSpec":
+        tc = target.config
+        mask = cfg.mask_token_id if cfg.mask_token_id is not None else target.vocab_size - 1
+        return cls(hidden_size=tc.hidden_size, num_layers=cfg.num_layers,
+                   num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
+                   head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+                   intermediate_size=tc.intermediate_size, vocab_size=target.vocab_size,
+                   num_target_layers=tc.num_hidden_layers,
+                   target_layer_ids=list(target.layer_ids), block_size=cfg.block_size,
+                   mask_token_id=int(mask), rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+                   rope_theta=float(getattr(tc, "rope_theta", None)
+                                    or (getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 1e6)),
+                   max_position_embeddings=getattr(tc, "max_position_embeddings", 40960))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (HF 'rotate_half' layout). x [B, heads, T, D], pos [B, T]."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = pos.float()[..., None] * inv  # [B, T, D/2]
+    emb = torch.cat([ang, ang], dim=-1)[:, None]  # [B, 1, T, D]
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, s: DrafterSpec):
+        super().__init__()
+        self.s = s
+        self.q_proj = nn.Linear(s.hidden_size, s.num_heads * s.head_dim, bias=False)
+        self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=False)
+        self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=False)
+        self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
+        self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+        self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+
+    def _heads(self, x, n):
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.s.head_dim).transpose(1, 2)
+
+    def forward(self, h, ctx, q_pos, kv_pos, mask):
+        s = self.s
+        kv_in = torch.cat([ctx, h], dim=1)
+        q = rope(self.q_norm(self._heads(self.q_proj(h), s.num_heads)), q_pos, s.rope_theta)
+        k = rope(self.k_norm(self._heads(self.k_proj(kv_in), s.num_kv_heads)), kv_pos, s.rope_theta)
+        v = self._heads(self.v_proj(kv_in), s.num_kv_heads)
+        rep = s.num_heads // s.num_kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, s: DrafterSpec):
+        super().__init__()
+        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, s: DrafterSpec):
+        super().__init__()
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.self_attn = Attention(s)
+        self.mlp = MLP(s)
+
+    def forward(self, h, ctx, q_pos, kv_pos, mask):
+        h = h + self.self_attn(self.input_layernorm(h), ctx, q_pos, kv_pos, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, ctx_valid: torch.Tensor,
+               block_size: int) -> torch.Tensor:
+    """Boolean [B, A*bs, S + A*bs]: query (block j, pos k) may see context position p < a_j
+    (and valid) and every position of block j; nothing else. A padding block (invalid
+    anchor) sees only itself, which keeps its softmax defined; its loss weight is 0."""
+    b, a = anchors.shape
+    s = ctx_valid.shape[1]
+    p = torch.arange(s, device=anchors.device)
+    ctx_ok = (p[None, None, :] < anchors[:, :, None]) & ctx_valid[:, None, :]
+    ctx_ok = ctx_ok & anchor_valid[:, :, None]  # [B, A, S]
+    blk = torch.arange(a, device=anchors.device)
+    same = (blk[:, None] == blk[None, :]).expand(b, a, a)
+    ctx_part = ctx_ok.repeat_interleave(block_size, dim=1)  # [B, A*bs, S]
+    blk_part = same.repeat_interleave(block_size, dim=1).repeat_interleave(block_size, dim=2)
+    return torch.cat([ctx_part, blk_part], dim=2)
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, spec: DrafterSpec):
+        super().__init__()
+        self.spec = spec
+        n_ctx = len(spec.target_layer_ids)
+        self.fc = nn.Linear(n_ctx * spec.hidden_size, spec.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        return self.hidden_norm(self.fc(target_hidden))
+
+    def forward(self, target_hidden, ctx_valid, anchors, anchor_valid, block_embeds):
+        """Final-normed hidden states of every block position: [B, A, bs, H].
+
+        target_hidden [B, S, n*H]; ctx_valid [B, S] bool; anchors [B, A] positions;
+        anchor_valid [B, A] bool; block_embeds [B, A, bs, H] (anchor + mask embeddings).
+        """
+        bs = self.spec.block_size
+        b, a = anchors.shape
+        s = target_hidden.shape[1]
+        ctx = self.project_context(target_hidden)
+        h = block_embeds.reshape(b, a * bs, -1)
+        offs = torch.arange(bs, device=anchors.device)
+        q_pos = (anchors[:, :, None] + offs).reshape(b, a * bs)
+        kv_pos = torch.cat([torch.arange(s, device=anchors.device).expand(b, s), q_pos], dim=1)
+        mask = block_mask(anchors, anchor_valid, ctx_valid, bs)
+        for layer in self.layers:
+            h = layer(h, ctx, q_pos, kv_pos, mask)
+        return self.norm(h).view(b, a, bs, -1)

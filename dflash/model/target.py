@@ -1,0 +1,134 @@
+"""The frozen target: any HF causal LM, returning hidden states at a few layers.
+
+Hidden states are captured by forward hooks on the needed decoder layers, and a hook on
+the last needed layer stops the forward there: later layers and the LM head (a 150K x
+4K matmul per token at 8B scale) never run during training, and no other layer's output
+is kept. Works for any HF decoder whose base model exposes `.layers`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..batching.lengths import DataError
+
+
+class _StopForward(Exception):
+    pass
+
+
+def default_layer_ids(num_layers: int, count: int = 5) -> list[int]:
+    """`count` layers spread evenly from layer 1 to L-3 (Qwen3-8B: [1, 9, 17, 25, 33])."""
+    last = max(1, num_layers - 3)
+    count = max(1, min(count, last))
+    return sorted({int(round(x)) for x in np.linspace(1, last, count)})
+
+
+def build_tiny_qwen3(cfg) -> nn.Module:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    hc = Qwen3Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                     intermediate_size=cfg.intermediate_size,
+                     num_hidden_layers=cfg.num_hidden_layers,
+                     num_attention_heads=cfg.num_attention_heads,
+                     num_key_value_heads=cfg.num_key_value_heads,
+                     head_dim=cfg.hidden_size // cfg.num_attention_heads,
+                     max_position_embeddings=8192, tie_word_embeddings=False)
+    hc._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return Qwen3ForCausalLM(hc)
+
+
+def load_causal_lm(path: str | Path, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise DataError(f"model.target.path={path}: no config.json there (expected a local "
+                        "HF model directory)")
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype,
+                                                    local_files_only=True)
+    except ValueError as exc:
+        raise DataError(f"model.target.path={path}: {type(config).__name__} is not a causal "
+                        f"LM ({exc})") from exc
+
+
+class Target(nn.Module):
+    def __init__(self, lm: nn.Module, layer_ids: list[int] | None = None):
+        super().__init__()
+        self.lm = lm.eval().requires_grad_(False)
+        self.config = lm.config
+        self.base = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
+        n = len(self.base.layers)
+        self.layer_ids = list(layer_ids) if layer_ids else default_layer_ids(n)
+        bad = [i for i in self.layer_ids if not 0 <= i < n]
+        if bad:
+            raise DataError(f"model.target.layer_ids {bad} outside the target's {n} layers")
+
+    @classmethod
+    def from_config(cls, cfg) -> "Target":
+        dtype = getattr(torch, cfg.dtype)
+        lm = build_tiny_qwen3(cfg).to(dtype) if cfg.path is None else load_causal_lm(cfg.path, dtype)
+        return cls(lm, list(cfg.layer_ids) if cfg.layer_ids else None)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm.get_output_embeddings().weight.shape[0]
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.lm.get_input_embeddings()
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.lm.get_output_embeddings().weight
+
+    @torch.no_grad()
+    def context(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                stop_early: bool = True) -> torch.Tensor:
+        """[B, S, len(layer_ids) * H]: the outputs of the chosen layers, concatenated."""
+        captured: dict[int, torch.Tensor] = {}
+        last = max(self.layer_ids)
+        hooks = []
+
+        def grab(i):
+            def hook(_module, _inputs, output):
+                captured[i] = output[0] if isinstance(output, tuple) else output
+                if stop_early and i == last:
+                    raise _StopForward
+            return hook
+
+        for i in self.layer_ids:
+            hooks.append(self.base.layers[i].register_forward_hook(grab(i)))
+        try:
+            self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        except _StopForward:
+            pass
+        finally:
+            for h in hooks:
+                h.remove()
+        return torch.cat([captured[i] for i in self.layer_ids], dim=-1)
+
+    @torch.no_grad()
+    def logits_and_context(self, input_ids: torch.Tensor):
+        """Full forward (for verification): last-layer logits and the drafter context."""
+        captured: dict[int, torch.Tensor] = {}
+        hooks = [self.base.layers[i].register_forward_hook(
+            lambda _m, _i, out, i=i: captured.__setitem__(i, out[0] if isinstance(out, tuple) else out))
+            for i in self.layer_ids]
+        try:
+            logits = self.lm(input_ids=input_ids, use_cache=False).logits
+        finally:
+            for h in hooks:
+                h.remove()
+        return logits, torch.cat([captured[i] for i in self.layer_ids], dim=-1)
