@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from . import config as _config  # noqa: F401  (registers the schemas)
 from .batching.bucket_opt import build_cost_table, choose_auto, optimal_fits, simulate
-from .batching.lengths import DataError
+from .errors import DataError
 from .batching.metrics import format_table
 from .batching.strategies import PackingSpec
 from .data.build import load_data

@@ -40,14 +40,15 @@ def propose(drafter, target, ctx: torch.Tensor, current: int, position: int) -> 
 
 @torch.no_grad()
 def speculative_generate(target, drafter, prompt, max_new_tokens: int) -> SpecResult:
-    seq = torch.as_tensor(prompt, dtype=torch.long).view(1, -1)
+    dev = target.lm_head_weight.device
+    seq = torch.as_tensor(prompt, dtype=torch.long, device=dev).view(1, -1)
     logits, ctx = target.logits_and_context(seq)
     current = int(logits[0, -1].argmax())
     out = SpecResult([])
     while len(out.tokens) < max_new_tokens:
         a = seq.shape[1]
         draft = propose(drafter, target, ctx, current, a)
-        cand = torch.cat([seq, torch.tensor([[current]]), draft.view(1, -1)], dim=1)
+        cand = torch.cat([seq, torch.tensor([[current]], device=dev), draft.view(1, -1)], dim=1)
         logits, ctx_all = target.logits_and_context(cand)
         choice = logits[0, a:].argmax(-1)  # choice[i]: target's token after cand[a + i]
         n = 0
@@ -66,12 +67,13 @@ def speculative_generate(target, drafter, prompt, max_new_tokens: int) -> SpecRe
 @torch.no_grad()
 def target_greedy(target, prompt, max_new_tokens: int) -> list:
     """The target's own greedy decoding, one full forward per token (the reference)."""
-    seq = torch.as_tensor(prompt, dtype=torch.long).view(1, -1)
+    dev = target.lm_head_weight.device
+    seq = torch.as_tensor(prompt, dtype=torch.long, device=dev).view(1, -1)
     out = []
     for _ in range(max_new_tokens):
         nxt = int(target.lm(input_ids=seq, use_cache=False).logits[0, -1].argmax())
         out.append(nxt)
-        seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
+        seq = torch.cat([seq, torch.tensor([[nxt]], device=dev)], dim=1)
     return out
 
 

@@ -1,5 +1,6 @@
 """Batch planning: strategies, bucket boundaries, plans and their metrics."""
-from .lengths import DataError, check_lengths, load_lengths
+from ..errors import DataError
+from .lengths import check_lengths, load_lengths
 from .plan import Batch, EpochPlan
 from .strategies import STRATEGIES, PackingSpec, Planner, build_planner
 

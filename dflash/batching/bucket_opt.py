@@ -15,7 +15,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .bucket_cost import bucket_costs_from, histogram_bins
-from .lengths import DataError, check_fits_budget, check_lengths
+from ..errors import DataError
+from .lengths import check_fits_budget, check_lengths
 from .metrics import bucket_table
 from .strategies import PackingSpec, Planner
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .lengths import DataError
+from ..errors import DataError
 
 COMPUTED = ("geometric", "quantile", "equal_tokens")
 

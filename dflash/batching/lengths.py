@@ -5,9 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-class DataError(ValueError):
-    """Bad input data; the message names the file, key or sample at fault."""
+from ..errors import DataError
 
 
 def check_lengths(lengths, source: str = "lengths") -> np.ndarray:

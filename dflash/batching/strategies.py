@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import buckets as bk
-from .lengths import DataError, check_fits_budget, check_lengths
+from ..errors import DataError
+from .lengths import check_fits_budget, check_lengths
 from .packing import pack, segment_ends
 from .plan import EpochPlan
 

@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..batching.lengths import DataError, check_lengths, load_lengths
+from ..batching.lengths import check_lengths, load_lengths
+from ..errors import DataError
 from .format import TokenDataset
 from .overlong import apply_to_lengths, check_policy
 from .synthetic import build_synthetic, synthetic_lengths

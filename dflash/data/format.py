@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..batching.lengths import DataError
+from ..errors import DataError
 
 FORMAT = "dflash-tokens"
 VERSION = 1

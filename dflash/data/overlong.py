@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..batching.lengths import DataError
+from ..errors import DataError
 
 POLICIES = ("truncate", "drop", "error")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..batching.lengths import DataError
+from ..errors import DataError
 from .format import DatasetWriter, TokenDataset
 from .overlong import OverlongReport, check_policy
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..errors import DataError
 from .format import DatasetWriter, TokenDataset
 
 # Knots (cumulative probability, length) of the production length distribution.
@@ -30,9 +31,9 @@ SUCCESSOR_PROBS = np.array([0.70, 0.15, 0.10, 0.05])
 def synthetic_lengths(num_samples: int, length_scale: float = 1.0, min_length: int = 1,
                       seed: int = 0) -> np.ndarray:
     if num_samples < 1:
-        raise ValueError(f"data.num_samples must be >= 1, got {num_samples}")
+        raise DataError(f"data.num_samples must be >= 1, got {num_samples}")
     if length_scale <= 0:
-        raise ValueError(f"data.length_scale must be > 0, got {length_scale}")
+        raise DataError(f"data.length_scale must be > 0, got {length_scale}")
     rng = np.random.default_rng(np.random.SeedSequence([seed, 101]))
     raw = np.floor(np.interp(rng.random(num_samples), _U, _L) * length_scale)
     return np.maximum(raw.astype(np.int64), max(1, int(min_length)))
@@ -47,7 +48,7 @@ class MarkovSource:
         # free for the drafter's mask token.
         self.lo, self.hi = FIRST_CONTENT_ID, vocab_size - reserved_top
         if self.hi - self.lo < 8:
-            raise ValueError(f"data.vocab_size={vocab_size} is too small for synthetic data")
+            raise DataError(f"data.vocab_size={vocab_size} is too small for synthetic data")
         rng = np.random.default_rng(np.random.SeedSequence([seed, 202]))
         self.succ = rng.integers(self.lo, self.hi, size=(vocab_size, len(SUCCESSOR_PROBS)))
         self.cdf = np.cumsum(SUCCESSOR_PROBS)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..batching.lengths import DataError
+from ..errors import DataError
 from .drafter import DFlashDrafter, DrafterSpec
 
 

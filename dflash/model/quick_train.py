@@ -35,7 +35,7 @@ def fit_target_lm(target, sequences: torch.Tensor, steps: int, batch: int = 32,
         for g in opt.param_groups:
             g["lr"] = lr * warmup_cosine(step, steps, 0.05)
         idx = torch.randint(0, len(sequences), (batch,), generator=gen)
-        x = sequences[idx]
+        x = sequences[idx].to(target.lm_head_weight.device)
         loss = lm(input_ids=x, labels=x, use_cache=False).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -51,11 +51,11 @@ def greedy_continuations(target, prompts: torch.Tensor, new_tokens: int, batch: 
     """[N, P + new_tokens] sequences: each prompt followed by the target's greedy output."""
     outs = []
     for s in range(0, len(prompts), batch):
-        p = prompts[s:s + batch]
+        p = prompts[s:s + batch].to(target.lm_head_weight.device)
         outs.append(target.lm.generate(input_ids=p, attention_mask=torch.ones_like(p),
                                        max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                        do_sample=False, pad_token_id=0))
-    return torch.cat(outs)
+    return torch.cat(outs).cpu()
 
 
 @dataclass
@@ -82,7 +82,8 @@ def train_drafter(drafter, target, ids: torch.Tensor, loss_mask: torch.Tensor, s
         for g in opt.param_groups:
             g["lr"] = lr * warmup_cosine(step, steps, warmup_ratio)
         idx = torch.as_tensor(rng.integers(0, len(ids), batch))
-        x, m, v = ids[idx], loss_mask[idx], valid[idx]
+        dev = target.lm_head_weight.device
+        x, m, v = ids[idx].to(dev), loss_mask[idx].to(dev), valid[idx].to(dev)
         ctx = target.context(x, v.long())
         out = drafter_loss(drafter, ctx, target.embed_tokens, target.lm_head_weight, x, m, v,
                            num_anchors, gamma, gen, impl=impl)

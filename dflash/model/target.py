@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..batching.lengths import DataError
+from ..errors import DataError
 
 
 class _StopForward(Exception):

@@ -1,0 +1,46 @@
+import pytest
+import torch
+
+from dflash.kernels import fused_lm_head_ce, naive_lm_head_ce
+
+
+def _case(n, h, v, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=g, requires_grad=True)
+    weight = torch.randn(v, h, generator=g) * 0.5
+    target = torch.randint(0, v, (n,), generator=g)
+    weights = torch.rand(n, generator=g)
+    weights[::5] = 0.0  # unsupervised rows
+    return hidden, weight, target, weights
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("n,h,v,chunk", [(13, 8, 37, 4), (40, 16, 300, 16), (7, 32, 129, 100)])
+def test_fused_matches_naive(impl, n, h, v, chunk):
+    hidden, weight, target, weights = _case(n, h, v)
+    ref_loss, ref_rows, ref_arg = naive_lm_head_ce(hidden, weight, target, weights)
+    (ref_grad,) = torch.autograd.grad(ref_loss * 3.0, hidden)
+    loss, rows, arg = fused_lm_head_ce(hidden, weight, target, weights, chunk=chunk, impl=impl)
+    (grad,) = torch.autograd.grad(loss * 3.0, hidden)  # upstream gradient is applied
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rows, ref_rows, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-6)
+    assert torch.equal(arg, ref_arg)
+
+
+def test_weight_gets_no_gradient_and_shapes_are_checked():
+    hidden, weight, target, weights = _case(6, 8, 20)
+    weight.requires_grad_(True)
+    loss, _, _ = fused_lm_head_ce(hidden, weight, target, weights, impl="torch")
+    loss.backward()
+    assert weight.grad is None and hidden.grad is not None
+    with pytest.raises(ValueError, match="must agree on the row count"):
+        fused_lm_head_ce(hidden, weight, target[:3], weights, impl="torch")
+    with pytest.raises(ValueError, match="loss_impl must be"):
+        fused_lm_head_ce(hidden, weight, target, weights, impl="cuda-magic")
+
+
+def test_auto_uses_torch_on_cpu():
+    from dflash.kernels.lm_head_loss import resolve_impl
+    assert resolve_impl("auto", torch.device("cpu")) == "torch"
+    assert resolve_impl("auto", torch.device("cuda")) == "triton"

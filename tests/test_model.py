@@ -1,0 +1,171 @@
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+
+from dflash.batching import DataError
+from dflash.config import DrafterConfig, TargetConfig
+from dflash.eval import speculative_generate, target_greedy
+from dflash.model.checkpoint import load_drafter, save_drafter
+from dflash.model.drafter import DFlashDrafter, DrafterSpec
+from dflash.model.loss import block_targets, drafter_loss, position_weights, sample_anchors
+from dflash.model.target import Target, default_layer_ids
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target.from_config(OmegaConf.structured(TargetConfig))
+
+
+def _drafter(target, layers=1, seed=0):
+    torch.manual_seed(seed)
+    return DFlashDrafter(DrafterSpec.from_target(
+        target, OmegaConf.structured(DrafterConfig(num_layers=layers))))
+
+
+def test_default_layers():
+    assert default_layer_ids(36) == [1, 9, 17, 25, 33]
+    assert default_layer_ids(6) == [1, 2, 3]
+
+
+def test_target_context_stops_early(target):
+    ids = torch.randint(3, 500, (2, 12))
+    calls = []
+    hooks = [layer.register_forward_hook(lambda *_a, i=i: calls.append(i))
+             for i, layer in enumerate(target.base.layers)]
+    head = target.lm.get_output_embeddings().register_forward_hook(lambda *_: calls.append("head"))
+    try:
+        ctx = target.context(ids)
+    finally:
+        for h in hooks + [head]:
+            h.remove()
+    assert calls == [0, 1, 2, 3]  # layers 4, 5 and the LM head never ran
+    ref = target.lm(ids, output_hidden_states=True).hidden_states
+    want = torch.cat([ref[i + 1] for i in target.layer_ids], dim=-1)
+    torch.testing.assert_close(ctx, want)
+    assert not any(p.requires_grad for p in target.parameters())
+
+
+def test_target_path_errors(tmp_path):
+    cfg = OmegaConf.structured(TargetConfig(path=str(tmp_path / "none")))
+    with pytest.raises(DataError, match="no config.json"):
+        Target.from_config(cfg)
+    from transformers import ViTConfig
+    ViTConfig().save_pretrained(tmp_path / "vit")
+    with pytest.raises(DataError, match="not a causal LM"):
+        Target.from_config(OmegaConf.structured(TargetConfig(path=str(tmp_path / "vit"))))
+
+
+def test_target_loads_a_local_hf_model(tmp_path, target):
+    target.lm.save_pretrained(tmp_path / "m")
+    loaded = Target.from_config(OmegaConf.structured(TargetConfig(path=str(tmp_path / "m"))))
+    ids = torch.randint(3, 500, (1, 9))
+    torch.testing.assert_close(loaded.context(ids), target.context(ids))
+
+
+def test_block_attention_sees_only_its_past_and_its_block(target):
+    d = _drafter(target).eval()
+    s, h = 40, target.hidden_size
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randn(1, s, 3 * h, generator=g)
+    anchors = torch.tensor([[10, 25]])
+    ok = torch.ones(1, 2, dtype=torch.bool)
+    valid = torch.ones(1, s, dtype=torch.bool)
+    emb = torch.randn(1, 2, 16, h, generator=g)
+    base = d(ctx, valid, anchors, ok, emb)
+    later = ctx.clone()
+    later[:, 10:] += 5.0  # context at or after anchor 10
+    out = d(later, valid, anchors, ok, emb)
+    torch.testing.assert_close(out[:, 0], base[:, 0])  # block 0 cannot see it
+    assert not torch.allclose(out[:, 1], base[:, 1])  # block 1 (anchor 25) can
+    other = emb.clone()
+    other[:, 1] += 1.0  # change block 1 only
+    out = d(ctx, valid, anchors, ok, other)
+    torch.testing.assert_close(out[:, 0], base[:, 0])  # blocks never see each other
+    inside = emb.clone()
+    inside[:, 0, 15] += 1.0  # last position of block 0 changes the first: bidirectional
+    assert not torch.allclose(d(ctx, valid, anchors, ok, inside)[:, 0, 0], base[:, 0, 0])
+
+
+def test_anchors_and_targets():
+    loss_mask = torch.zeros(2, 30, dtype=torch.bool)
+    loss_mask[0, 10:] = True
+    loss_mask[1, 25:28] = True
+    valid = torch.ones(2, 30, dtype=torch.bool)
+    valid[1, 27:] = False
+    anchors, ok = sample_anchors(loss_mask, valid, 8, torch.Generator().manual_seed(1))
+    for b in range(2):
+        for a, v in zip(anchors[b].tolist(), ok[b].tolist()):
+            if v:
+                assert a >= 1 and loss_mask[b, a + 1] and valid[b, a + 1]
+    assert ok[0].sum() == 8 and ok[1].sum() == 2  # row 1 has only anchors 24, 25
+    ids = torch.arange(60).view(2, 30)
+    tgt, sup = block_targets(ids, loss_mask, valid, anchors, ok, 16)
+    a = int(anchors[0, 0])
+    assert tgt[0, 0, 0] == a + 1 and sup[0, 0].sum() == min(15, 29 - a)
+    w = position_weights(16, 7.0)
+    assert w[0] == 1.0 and abs(float(w[7]) - float(torch.exp(torch.tensor(-1.0)))) < 1e-6
+
+
+def test_loss_trains_only_the_drafter(target):
+    d = _drafter(target)
+    ids = torch.randint(3, 500, (2, 50))
+    lm = torch.zeros(2, 50, dtype=torch.bool)
+    lm[:, 10:] = True
+    valid = torch.ones(2, 50, dtype=torch.bool)
+    out = drafter_loss(d, target.context(ids), target.embed_tokens, target.lm_head_weight, ids,
+                       lm, valid, 8, 7.0, torch.Generator().manual_seed(0), impl="torch")
+    out.loss.backward()
+    assert out.rows > 0 and torch.isfinite(out.loss)
+    assert out.acc.shape == (15,) and 1.0 <= out.accept_len <= 16.0
+    assert d.fc.weight.grad is not None and d.layers[0].mlp.up_proj.weight.grad is not None
+    assert target.lm_head_weight.grad is None and target.embed_tokens.weight.grad is None
+
+
+def test_checkpoint_round_trip(tmp_path, target):
+    d = _drafter(target, layers=2)
+    save_drafter(d, tmp_path / "ckpt")
+    cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"]
+    assert cfg["block_size"] == 16 and cfg["num_target_layers"] == 6
+    assert cfg["dflash_config"] == {"block_size": 16, "mask_token_id": 511,
+                                    "target_layer_ids": [1, 2, 3]}
+    names = set(load_file(str(tmp_path / "ckpt" / "model.safetensors")))
+    want = {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    for i in range(2):
+        p = f"layers.{i}."
+        want |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        want |= {f"{p}self_attn.{x}_proj.weight" for x in "qkvo"}
+        want |= {f"{p}self_attn.{x}_norm.weight" for x in "qk"}
+        want |= {f"{p}mlp.{x}_proj.weight" for x in ("gate", "up", "down")}
+    assert names == want
+    back = load_drafter(tmp_path / "ckpt")
+    for (k, v), (k2, v2) in zip(d.state_dict().items(), back.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"junk")
+    with pytest.raises(DataError, match="model.safetensors is corrupt"):
+        load_drafter(tmp_path / "ckpt")
+    with pytest.raises(DataError, match="config.json is missing"):
+        load_drafter(tmp_path / "nothing")
+
+
+def test_speculative_decoding_is_lossless(target):
+    untrained = _drafter(target).eval()
+    # a drafter that proposes the target's greedy tokens well is emulated by training a
+    # little on the target's own greedy output
+    from dflash.model.quick_train import greedy_continuations, train_drafter
+    prompts = torch.randint(3, 500, (24, 8), generator=torch.Generator().manual_seed(3))
+    seqs = greedy_continuations(target, prompts, 40)
+    mask = torch.zeros_like(seqs, dtype=torch.bool)
+    mask[:, 8:] = True
+    trained = _drafter(target, seed=1)
+    train_drafter(trained, target, seqs, mask, steps=60, batch=8, lr=5e-3)
+    for drafter in (untrained, trained):
+        for p in prompts[:3]:
+            res = speculative_generate(target, drafter, p, 30)
+            assert res.tokens == target_greedy(target, p, 30)
+            assert all(1 <= n <= 16 for n in res.accept_lengths)
+    trained_len = speculative_generate(target, trained, prompts[0], 30).acceptance_length
+    assert trained_len > speculative_generate(target, untrained, prompts[0], 30).acceptance_length
