@@ -21,7 +21,7 @@ from . import config as _config  # noqa: F401  (registers the schemas)
 from .batching.buckets import resolve_boundaries
 from .batching.report import format_report, plan_report
 from .batching.strategies import build_planner
-from .data.build import load_data
+from .data.build import Data, load_data
 
 log = logging.getLogger("dflash.plan")
 
@@ -29,14 +29,19 @@ _IDENTITY = ("strategy", "boundaries", "token_budget", "max_batch_size", "sort_w
              "seed", "epochs", "num_samples")
 
 
-def run_plan(cfg: DictConfig) -> dict:
-    data = load_data(cfg.data, lengths_file=cfg.lengths_file)
+def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
+    """Plan `cfg.epochs` epochs of `data` with the config's batching, buckets, topology."""
     boundaries = resolve_boundaries(cfg.buckets, data.lengths)
     planner = build_planner(cfg.batching, data.lengths, boundaries, cfg.seed)
     report = plan_report(planner, int(cfg.epochs), world_size=int(cfg.topology.dp_size),
-                         remainder=cfg.batching.remainder, dump_dir=cfg.dump, progress=True)
+                         remainder=cfg.batching.remainder, dump_dir=dump_dir, progress=True)
     report["buckets_preset"] = cfg.buckets.name
     report["data"] = data.info
+    return report
+
+
+def run_plan(cfg: DictConfig) -> dict:
+    report = report_for(cfg, load_data(cfg.data, lengths_file=cfg.lengths_file), cfg.dump)
     if cfg.report:
         write_report(Path(cfg.report), report)
     return report

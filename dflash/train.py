@@ -16,10 +16,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from . import config as _config  # noqa: F401  (registers the schemas)
-from .batching.buckets import resolve_boundaries
-from .batching.report import format_report, plan_report
-from .batching.strategies import build_planner
+from .batching.report import format_report
 from .data.build import load_data
+from .plan import report_for
 
 log = logging.getLogger("dflash.train")
 
@@ -27,12 +26,7 @@ log = logging.getLogger("dflash.train")
 def run_plan_stage(cfg: DictConfig, out_dir: Path) -> dict:
     data = load_data(cfg.data, need_tokens=True)
     data.dataset.check_vocab(int(cfg.model.target.vocab_size))
-    boundaries = resolve_boundaries(cfg.buckets, data.lengths)
-    planner = build_planner(cfg.batching, data.lengths, boundaries, cfg.seed)
-    report = plan_report(planner, int(cfg.epochs), world_size=int(cfg.topology.dp_size),
-                         remainder=cfg.batching.remainder)
-    report["buckets_preset"] = cfg.buckets.name
-    report["data"] = data.info
+    report = report_for(cfg, data)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "plan_report.json").write_text(json.dumps(report, indent=2))
     return report

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .metrics import bucket_table, format_table, length_mixing, pair_repeat_rate
 from .plan import remainder_stats
@@ -16,9 +18,6 @@ def plan_report(planner: Planner, epochs: int, world_size: int = 1, remainder: s
 
     Top-level token and batch counts are those of epoch 0; `per_epoch` lists each epoch.
     """
-    from pathlib import Path
-    from tqdm.auto import tqdm
-
     n_plan = max(2, epochs)
     plans, seconds = [], []
     for e in tqdm(range(n_plan), desc=f"plan {planner.strategy}", disable=not progress):
