@@ -151,6 +151,7 @@ class PlanConfig:
     seed: int = 0
     report: Optional[str] = None
     dump: Optional[str] = None
+    plot: Optional[str] = None  # PNG of every run in `report`: efficiency vs mixing
 
 
 @dataclass

@@ -6,7 +6,8 @@
         batching=sorted,random,bucketed,megabatch
 
 `report` holds a JSON list with one object per strategy run; a run replaces the entry
-of an earlier run with the same settings, so a multirun fills in one file.
+of an earlier run with the same settings, so a multirun fills in one file. `plot=P.png`
+draws every run in that file on the efficiency / length-mixing plane.
 """
 from __future__ import annotations
 
@@ -42,12 +43,14 @@ def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
 
 def run_plan(cfg: DictConfig) -> dict:
     report = report_for(cfg, load_data(cfg.data, lengths_file=cfg.lengths_file), cfg.dump)
-    if cfg.report:
-        write_report(Path(cfg.report), report)
+    entries = write_report(Path(cfg.report), report) if cfg.report else [report]
+    if cfg.plot:
+        from .batching.plan_plot import plot_tradeoff
+        plot_tradeoff(entries, cfg.plot)
     return report
 
 
-def write_report(path: Path, report: dict) -> None:
+def write_report(path: Path, report: dict) -> list[dict]:
     entries = []
     if path.exists():
         try:
@@ -59,14 +62,16 @@ def write_report(path: Path, report: dict) -> None:
     entries = [e for e in entries if not same(e)] + [report]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(entries, indent=2))
+    return entries
 
 
 @hydra.main(config_path="../conf", config_name="plan", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     report = run_plan(cfg)
     print(format_report(report))
-    if cfg.report:
-        print(f"report: {cfg.report}")
+    for name in ("report", "plot"):
+        if cfg[name]:
+            print(f"{name}: {cfg[name]}")
 
 
 if __name__ == "__main__":

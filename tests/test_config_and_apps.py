@@ -91,9 +91,14 @@ def test_plan_multirun_fills_one_report(tmp_path):
     np.save(tmp_path / "len.npy", np.random.default_rng(1).integers(1, 4000, 2000))
     _run("dflash.plan", "--multirun", "batching=sorted,random,megabatch",
          f"lengths_file={tmp_path}/len.npy", f"report={tmp_path}/r.json",
-         f"hydra.sweep.dir={tmp_path}/multi")
+         f"plot={tmp_path}/tradeoff.png", f"hydra.sweep.dir={tmp_path}/multi")
     reps = json.loads((tmp_path / "r.json").read_text())
     assert sorted(r["strategy"] for r in reps) == ["megabatch", "random", "sorted"]
+    assert (tmp_path / "tradeoff.png").read_bytes()[:4] == b"\x89PNG"
+    # rerunning one strategy replaces its entry instead of appending a duplicate
+    _run("dflash.plan", "batching=random", f"lengths_file={tmp_path}/len.npy",
+         f"report={tmp_path}/r.json", f"hydra.run.dir={tmp_path}/again")
+    assert len(json.loads((tmp_path / "r.json").read_text())) == 3
 
 
 def test_plan_app_bad_input_fails_clearly(tmp_path):
