@@ -7,16 +7,40 @@ value of the wrong type fails at start with Hydra's message naming the full key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+
+
+class Choice(str, Enum):
+    """A closed set of string options: a typo fails at start with the valid values listed."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def choice(value) -> str:
+    """The plain string of a config option (works for enums and raw strings alike)."""
+    return value.value if isinstance(value, Enum) else str(value)
+
+
+Source = Choice("Source", {k: k for k in ("synthetic", "tokenized", "lengths")})
+Overlong = Choice("Overlong", {k: k for k in ("truncate", "drop", "error")})
+Strategy = Choice("Strategy", {k: k for k in ("sorted", "random", "bucketed", "megabatch")})
+Remainder = Choice("Remainder", {k: k for k in ("repeat", "drop")})
+BucketKind = Choice("BucketKind", {k: k for k in ("fixed", "geometric", "quantile", "equal_tokens")})
+LossImpl = Choice("LossImpl", {k: k for k in ("auto", "torch", "triton")})
+WarmupPolicy = Choice("WarmupPolicy", {k: k for k in ("buckets", "observed", "none")})
+Device = Choice("Device", {k: k for k in ("auto", "cpu", "cuda")})
+LoggerMode = Choice("LoggerMode", {k: k for k in ("online", "offline", "disabled")})
 
 
 @dataclass
 class DataConfig:
     # synthetic: generated on the fly (cached on disk); tokenized: a directory written by
     # `dflash.data.prepare`; lengths: a 1-D .npy of sample lengths (planning only).
-    source: str = "synthetic"
+    source: Source = Source.synthetic
     path: Optional[str] = None
     num_samples: int = 2000
     # Synthetic lengths follow the production profile scaled by this factor, so CPU runs
@@ -25,7 +49,7 @@ class DataConfig:
     min_length: int = 16
     vocab_size: int = 512
     max_seq_len: int = 8192
-    overlong: str = "error"  # truncate | drop | error
+    overlong: Overlong = Overlong.error
     seed: int = 0
     cache_dir: str = "${oc.env:DFLASH_CACHE,.cache/dflash}"
     # prepare only: tokenizer directory and JSONL input
@@ -62,13 +86,13 @@ class ModelConfig:
     name: str = "tiny"
     target: TargetConfig = field(default_factory=TargetConfig)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
-    loss_impl: str = "auto"  # auto | torch | triton
+    loss_impl: LossImpl = LossImpl.auto
     loss_chunk: int = 1024
 
 
 @dataclass
 class BatchingConfig:
-    strategy: str = "bucketed"  # sorted | random | bucketed | megabatch
+    strategy: Strategy = Strategy.bucketed
     token_budget: int = 49152
     max_batch_size: int = 64
     # Windows of this many batches' worth of samples are sorted before packing
@@ -77,14 +101,14 @@ class BatchingConfig:
     # What happens when batches do not divide evenly over data-parallel ranks:
     # repeat: the first batches of the epoch are repeated to fill the last step;
     # drop: the last batches are dropped (and counted in the report).
-    remainder: str = "repeat"
+    remainder: Remainder = Remainder.repeat
 
 
 @dataclass
 class BucketsConfig:
     name: str = "seed6"
     # fixed: use `boundaries`; geometric | quantile | equal_tokens: computed from the data.
-    kind: str = "fixed"
+    kind: BucketKind = BucketKind.fixed
     boundaries: Optional[List[int]] = None
     num_buckets: int = 6
     meta: Dict[str, Any] = field(default_factory=dict)
@@ -94,13 +118,13 @@ class BucketsConfig:
 class WarmupConfig:
     enabled: bool = True
     max_shapes: int = 16
-    policy: str = "buckets"  # buckets | observed | none
+    policy: WarmupPolicy = WarmupPolicy.buckets
 
 
 @dataclass
 class TopologyConfig:
     name: str = "cpu"
-    device: str = "auto"  # auto | cpu | cuda
+    device: Device = Device.auto
     # data-parallel replicas; each replica runs target stage(s) then drafter stage(s)
     dp_size: int = 1
     target_gpus: int = 0
@@ -111,7 +135,7 @@ class TopologyConfig:
 class LoggerConfig:
     name: str = "none"
     project: str = "dflash"
-    mode: str = "disabled"  # online | offline | disabled
+    mode: LoggerMode = LoggerMode.disabled
     log_every: int = 10
 
 

@@ -22,6 +22,7 @@ from . import config as _config  # noqa: F401  (registers the schemas)
 from .batching.buckets import resolve_boundaries
 from .batching.report import format_report, plan_report
 from .batching.strategies import build_planner
+from .config import choice
 from .data.build import Data, load_data
 
 log = logging.getLogger("dflash.plan")
@@ -35,7 +36,7 @@ def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
     boundaries = resolve_boundaries(cfg.buckets, data.lengths)
     planner = build_planner(cfg.batching, data.lengths, boundaries, cfg.seed)
     report = plan_report(planner, int(cfg.epochs), world_size=int(cfg.topology.dp_size),
-                         remainder=cfg.batching.remainder, dump_dir=dump_dir, progress=True)
+                         remainder=choice(cfg.batching.remainder), dump_dir=dump_dir, progress=True)
     report["buckets_preset"] = cfg.buckets.name
     report["data"] = data.info
     return report

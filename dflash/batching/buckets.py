@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..config import choice
 from ..errors import DataError
 
 COMPUTED = ("geometric", "quantile", "equal_tokens")
@@ -75,7 +76,7 @@ def computed_boundaries(kind: str, lengths: np.ndarray, num_buckets: int) -> np.
 
 def resolve_boundaries(cfg, lengths: np.ndarray) -> np.ndarray:
     """The boundaries a buckets config selects, checked against the data."""
-    kind = cfg.kind
+    kind = choice(cfg.kind)
     if kind == "fixed":
         if cfg.boundaries is None:
             raise DataError(f"buckets '{cfg.name}' has kind 'fixed' but no boundaries")

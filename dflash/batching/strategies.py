@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import buckets as bk
+from ..config import choice
 from ..errors import DataError
 from .lengths import check_fits_budget, check_lengths
 from .packing import pack, segment_ends
@@ -129,5 +130,5 @@ class Planner:
 
 
 def build_planner(batching_cfg, lengths, boundaries, seed: int) -> Planner:
-    return Planner(batching_cfg.strategy, lengths, boundaries,
+    return Planner(choice(batching_cfg.strategy), lengths, boundaries,
                    PackingSpec.from_cfg(batching_cfg), seed=seed)

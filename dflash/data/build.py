@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..batching.lengths import check_lengths, load_lengths
+from ..config import choice
 from ..errors import DataError
 from .format import TokenDataset
 from .overlong import apply_to_lengths, check_policy
@@ -26,14 +27,15 @@ def load_data(cfg, lengths_file: str | None = None, need_tokens: bool = False) -
 
     `lengths_file` (the plan/buckets apps' argument) overrides the data group.
     """
-    check_policy(cfg.overlong)
+    policy, source = choice(cfg.overlong), choice(cfg.source)
+    check_policy(policy)
     if lengths_file is not None:
         return _lengths_only(load_lengths(lengths_file), cfg, str(lengths_file))
-    if cfg.source not in SOURCES:
-        raise DataError(f"data.source must be one of {SOURCES}, got {cfg.source!r}")
-    if cfg.source == "lengths":
+    if source not in SOURCES:
+        raise DataError(f"data.source must be one of {SOURCES}, got {source!r}")
+    if source == "lengths":
         return _lengths_only(load_lengths(cfg.path), cfg, str(cfg.path))
-    if cfg.source == "tokenized":
+    if source == "tokenized":
         ds = TokenDataset.open(cfg.path)
         lengths = check_lengths(ds.lengths, source=str(cfg.path))
         over = lengths > cfg.max_seq_len
@@ -45,7 +47,7 @@ def load_data(cfg, lengths_file: str | None = None, need_tokens: bool = False) -
         return Data(lengths, ds, {"source": "tokenized", "path": str(cfg.path),
                                   "num_samples": len(lengths)})
     raw = synthetic_lengths(cfg.num_samples, cfg.length_scale, cfg.min_length, cfg.seed)
-    lengths, _, report = apply_to_lengths(raw, cfg.max_seq_len, cfg.overlong, "synthetic data")
+    lengths, _, report = apply_to_lengths(raw, cfg.max_seq_len, policy, "synthetic data")
     info = {"source": "synthetic", "num_samples": len(lengths), **report.as_dict()}
     ds = None
     if need_tokens:
@@ -55,6 +57,6 @@ def load_data(cfg, lengths_file: str | None = None, need_tokens: bool = False) -
 
 
 def _lengths_only(lengths: np.ndarray, cfg, source: str) -> Data:
-    lengths, _, report = apply_to_lengths(lengths, cfg.max_seq_len, cfg.overlong, source)
+    lengths, _, report = apply_to_lengths(lengths, cfg.max_seq_len, choice(cfg.overlong), source)
     return Data(lengths, None, {"source": "lengths", "path": source,
                                 "num_samples": len(lengths), **report.as_dict()})
