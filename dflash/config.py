@@ -31,6 +31,7 @@ Strategy = Choice("Strategy", {k: k for k in ("sorted", "random", "bucketed", "m
 Remainder = Choice("Remainder", {k: k for k in ("repeat", "drop")})
 BucketKind = Choice("BucketKind", {k: k for k in ("fixed", "geometric", "quantile", "equal_tokens")})
 LossImpl = Choice("LossImpl", {k: k for k in ("auto", "torch", "triton")})
+Attention = Choice("Attention", {k: k for k in ("auto", "sdpa", "flex")})
 WarmupPolicy = Choice("WarmupPolicy", {k: k for k in ("buckets", "observed", "none")})
 Device = Choice("Device", {k: k for k in ("auto", "cpu", "cuda")})
 LoggerMode = Choice("LoggerMode", {k: k for k in ("online", "offline", "disabled")})
@@ -87,6 +88,7 @@ class ModelConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     loss_impl: LossImpl = LossImpl.auto
+    attention: Attention = Attention.auto  # auto: flex_attention on CUDA, SDPA on CPU
     loss_chunk: int = 1024
 
 

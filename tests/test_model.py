@@ -169,3 +169,35 @@ def test_speculative_decoding_is_lossless(target):
             assert all(1 <= n <= 16 for n in res.accept_lengths)
     trained_len = speculative_generate(target, trained, prompts[0], 30).acceptance_length
     assert trained_len > speculative_generate(target, untrained, prompts[0], 30).acceptance_length
+
+
+def test_flex_attention_mask_equals_dense_mask(target):
+    d = _drafter(target, layers=2).eval()
+    g = torch.Generator().manual_seed(5)
+    s, h = 40, target.hidden_size
+    ctx = torch.randn(2, s, 3 * h, generator=g)
+    anchors = torch.tensor([[3, 20, 31], [7, 0, 0]])
+    ok = torch.tensor([[True, True, True], [True, False, False]])
+    valid = torch.ones(2, s, dtype=torch.bool)
+    valid[1, 30:] = False
+    emb = torch.randn(2, 3, 16, h, generator=g)
+    with torch.no_grad():  # flex_attention has no CPU backward; GPU trains through it
+        dense = d(ctx, valid, anchors, ok, emb)
+        d.set_attention("flex")
+        flex = d(ctx, valid, anchors, ok, emb)
+    torch.testing.assert_close(flex[ok], dense[ok], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="model.attention must be"):
+        d.set_attention("xformers")
+
+
+def test_bfloat16_path_runs_as_on_gpu():
+    t = Target.from_config(OmegaConf.structured(TargetConfig(dtype="bfloat16")))
+    d = _drafter(t).to(torch.bfloat16)
+    ids = torch.randint(3, 500, (2, 40))
+    on = torch.ones(2, 40, dtype=torch.bool)
+    out = drafter_loss(d, t.context(ids), t.embed_tokens, t.lm_head_weight, ids, on, on, 8, 7.0,
+                       impl="torch")
+    out.loss.backward()
+    assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
+    assert d.fc.weight.grad.dtype == torch.bfloat16
+    assert speculative_generate(t, d, ids[0, :10], 12).tokens == target_greedy(t, ids[0, :10], 12)

@@ -95,9 +95,12 @@ class Attention(nn.Module):
         q = rope(self.q_norm(self._heads(self.q_proj(h), s.num_heads)), q_pos, s.rope_theta)
         k = rope(self.k_norm(self._heads(self.k_proj(kv_in), s.num_kv_heads)), kv_pos, s.rope_theta)
         v = self._heads(self.v_proj(kv_in), s.num_kv_heads)
-        rep = s.num_heads // s.num_kv_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+        if isinstance(mask, torch.Tensor):
+            rep = s.num_heads // s.num_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+        else:  # a flex_attention BlockMask: only the visible tiles are computed
+            out = flex_attention_fn(q.device)(q, k, v, block_mask=mask, enable_gqa=True)
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -143,6 +146,44 @@ def block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, ctx_valid: tor
     return torch.cat([ctx_part, blk_part], dim=2)
 
 
+def flex_block_mask(anchors, anchor_valid, ctx_valid, block_size):
+    """The same visibility as `block_mask`, as a flex_attention BlockMask: with
+    A=512 anchors and 3K context per sequence the dense mask alone is ~92M entries;
+    the block mask keeps only which 128x128 tiles are visible."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, a = anchors.shape
+    s = ctx_valid.shape[1]
+
+    def mask_mod(bi, _h, q_idx, kv_idx):
+        blk = q_idx // block_size
+        is_ctx = kv_idx < s
+        ctx_ok = (is_ctx & (kv_idx < anchors[bi, blk]) & anchor_valid[bi, blk]
+                  & ctx_valid[bi, kv_idx.clamp(max=s - 1)])
+        same_blk = ~is_ctx & ((kv_idx - s) // block_size == blk)
+        return ctx_ok | same_blk
+
+    return create_block_mask(mask_mod, b, None, a * block_size, s + a * block_size,
+                             device=anchors.device)
+
+
+_FLEX = {}
+
+
+def flex_attention_fn(device: torch.device):
+    """Compiled flex_attention on GPU (fused kernel); eager on CPU, where it is only
+    used to check the mask against the dense SDPA path."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        import warnings
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention
+    if "cuda" not in _FLEX:
+        _FLEX["cuda"] = torch.compile(flex_attention, dynamic=False)
+    return _FLEX["cuda"]
+
+
 class DFlashDrafter(nn.Module):
     def __init__(self, spec: DrafterSpec):
         super().__init__()
@@ -152,6 +193,15 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        # sdpa: dense boolean mask; flex: BlockMask (GPU default). Not a checkpoint setting.
+        self.attention = "sdpa"
+
+    def set_attention(self, backend: str, device: torch.device | None = None) -> None:
+        if backend == "auto":
+            backend = "flex" if device is not None and device.type == "cuda" else "sdpa"
+        if backend not in ("sdpa", "flex"):
+            raise ValueError(f"model.attention must be 'auto', 'sdpa' or 'flex', got {backend!r}")
+        self.attention = backend
 
     def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
         return self.hidden_norm(self.fc(target_hidden))
@@ -170,7 +220,8 @@ class DFlashDrafter(nn.Module):
         offs = torch.arange(bs, device=anchors.device)
         q_pos = (anchors[:, :, None] + offs).reshape(b, a * bs)
         kv_pos = torch.cat([torch.arange(s, device=anchors.device).expand(b, s), q_pos], dim=1)
-        mask = block_mask(anchors, anchor_valid, ctx_valid, bs)
+        make = flex_block_mask if self.attention == "flex" else block_mask
+        mask = make(anchors, anchor_valid, ctx_valid, bs)
         for layer in self.layers:
             h = layer(h, ctx, q_pos, kv_pos, mask)
         return self.norm(h).view(b, a, bs, -1)
