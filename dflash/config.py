@@ -104,6 +104,10 @@ class BatchingConfig:
     # repeat: the first batches of the epoch are repeated to fill the last step;
     # drop: the last batches are dropped (and counted in the report).
     remainder: Remainder = Remainder.repeat
+    # Deal each data-parallel step batches of similar cost (fewer stragglers, less
+    # within-step length diversity); cost = padded tokens * (1 + attention_cost * length).
+    balance_steps: bool = False
+    attention_cost: float = 3.7e-5
 
 
 @dataclass

@@ -36,7 +36,9 @@ def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
     boundaries = resolve_boundaries(cfg.buckets, data.lengths)
     planner = build_planner(cfg.batching, data.lengths, boundaries, cfg.seed)
     report = plan_report(planner, int(cfg.epochs), world_size=int(cfg.topology.dp_size),
-                         remainder=choice(cfg.batching.remainder), dump_dir=dump_dir, progress=True)
+                         remainder=choice(cfg.batching.remainder), dump_dir=dump_dir, progress=True,
+                         balance=bool(cfg.batching.balance_steps),
+                         attention_cost=float(cfg.batching.attention_cost))
     report["buckets_preset"] = cfg.buckets.name
     report["data"] = data.info
     return report

@@ -8,7 +8,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dflash.batching import PackingSpec, Planner
+from hypothesis import given, settings, strategies as st
+
+from dflash.batching import PackingSpec, Planner, STRATEGIES
+from dflash.batching.distributed import shard, step_groups, step_imbalance
 
 
 def _free_port():
@@ -17,13 +20,52 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@settings(max_examples=30, deadline=None)
+@given(world=st.integers(1, 9), remainder=st.sampled_from(["repeat", "drop"]),
+       balance=st.booleans(), seed=st.integers(0, 1000),
+       lengths=st.lists(st.integers(1, 2000), min_size=1, max_size=300))
+def test_every_rank_gets_the_same_number_of_batches(strategy, world, remainder, balance, seed,
+                                                     lengths):
+    lengths = np.array(lengths)
+    plan = Planner(strategy, lengths, [0, 700, 2001], PackingSpec(4000, 12), seed=seed).epoch(1)
+    if remainder == "drop" and len(plan) < world:
+        with pytest.raises(ValueError, match="cannot give each"):
+            shard(plan, 0, world, remainder)
+        return
+    shards = [shard(plan, r, world, remainder, balance, seed=seed) for r in range(world)]
+    assert len({len(s) for s in shards}) == 1
+    seen = np.concatenate([s.indices for s in shards])
+    if remainder == "repeat":
+        assert set(seen.tolist()) == set(range(len(lengths)))  # nobody dropped
+    else:
+        kept = len(plan) - len(plan) % world
+        assert len(seen) == plan.offsets[kept] and len(set(seen.tolist())) == len(seen)
+    # shards are deterministic: a second call deals the same batches
+    again = shard(plan, world - 1, world, remainder, balance, seed=seed)
+    assert np.array_equal(again.indices, shards[-1].indices)
+
+
+def test_balanced_steps_cut_straggler_time(full_lengths):
+    plan = Planner("bucketed", full_lengths, [0, 770, 1216, 1728, 2432, 3296, 8192],
+                   PackingSpec(49152, 64)).epoch(0)
+    plain = step_imbalance(plan, step_groups(plan, 8))
+    balanced_groups = step_groups(plan, 8, balance=True, seed=3)
+    balanced = step_imbalance(plan, balanced_groups)
+    assert plain > 1.05 and balanced < 1.01, (plain, balanced)
+    # steps still come in a shuffled order: consecutive steps are not sorted by cost
+    from dflash.batching.distributed import batch_cost
+    step_cost = batch_cost(plan)[balanced_groups].mean(axis=1)
+    assert not (np.diff(step_cost) >= 0).all()
+
+
 def _worker(rank, world, port, remainder, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         lengths = np.random.default_rng(7).integers(1, 3000, 5003)
         planner = Planner("bucketed", lengths, [0, 500, 1500, 3000], PackingSpec(8192, 16), seed=11)
-        mine = planner.epoch(3).for_rank(rank, world, remainder)
+        mine = shard(planner.epoch(3), rank, world, remainder, balance=True, seed=11)
         counts = [None] * world
         dist.all_gather_object(counts, len(mine))
         ids = [None] * world

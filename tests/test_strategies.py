@@ -53,27 +53,6 @@ def test_plan_invariants(strategy, problem, epoch):
         assert got.shape == want.shape and got.bucket_id == want.bucket_id
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@settings(max_examples=30, deadline=None)
-@given(problem=planning_problem(), world=st.integers(1, 9),
-       remainder=st.sampled_from(["repeat", "drop"]))
-def test_distributed_split(strategy, problem, world, remainder):
-    lengths, boundaries, spec, seed = problem
-    plan = Planner(strategy, lengths, boundaries, spec, seed=seed).epoch(0)
-    if remainder == "drop" and len(plan) < world:
-        with pytest.raises(ValueError, match="cannot give each"):
-            plan.for_rank(0, world, remainder)
-        return
-    shards = [plan.for_rank(r, world, remainder) for r in range(world)]
-    assert len({len(s) for s in shards}) == 1
-    seen = np.concatenate([s.indices for s in shards])
-    if remainder == "repeat":
-        assert set(seen.tolist()) == set(range(len(lengths)))  # nobody dropped
-    else:
-        kept = len(plan) - len(plan) % world
-        assert len(seen) == plan.offsets[kept] and len(set(seen.tolist())) == len(seen)
-
-
 def test_epochs_differ_but_sorted_keeps_its_batches():
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 500, 3000)

@@ -109,52 +109,7 @@ class EpochPlan:
         return EpochPlan(self.epoch, self.indices[src], offsets, self.bucket[batch_ids],
                          self.seq_len[batch_ids], self.num_tokens[batch_ids])
 
-    def for_rank(self, rank: int, world_size: int, remainder: str = "repeat") -> "EpochPlan":
-        """This rank's batches; every rank gets the same number of batches.
-
-        repeat: the epoch's first batches are reused to fill the last step, so no sample
-        is dropped (a few are seen twice); drop: the last num_batches % world_size batches
-        are left out. `remainder_stats` reports either effect.
-        """
-        return self.take(rank_batch_ids(self.num_batches, rank, world_size, remainder))
-
     # ---- files -------------------------------------------------------------------
     def save_npz(self, path: str | Path) -> None:
         np.savez(path, indices=self.indices.astype(np.int64),
                  offsets=self.offsets.astype(np.int64), bucket=self.bucket.astype(np.int32))
-
-
-def rank_batch_ids(num_batches: int, rank: int, world_size: int, remainder: str) -> np.ndarray:
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
-    if remainder == "repeat":
-        if num_batches == 0:
-            raise ValueError("the epoch plan has no batches to share between ranks")
-        extra = (-num_batches) % world_size
-        order = np.concatenate([np.arange(num_batches), np.arange(extra) % num_batches])
-    elif remainder == "drop":
-        usable = num_batches - num_batches % world_size
-        if usable == 0:
-            raise ValueError(f"{num_batches} batches cannot give each of {world_size} "
-                             "ranks a batch with batching.remainder=drop")
-        order = np.arange(usable)
-    else:
-        raise ValueError(f"batching.remainder must be 'repeat' or 'drop', got {remainder!r}")
-    return order[rank::world_size]
-
-
-def remainder_stats(plan: EpochPlan, world_size: int, remainder: str) -> dict:
-    """What the distributed split does with batches that do not divide evenly."""
-    nb = plan.num_batches
-    left = nb % world_size
-    sizes = plan.batch_sizes
-    if remainder == "repeat":
-        extra = (-nb) % world_size
-        repeated = sizes[np.arange(extra) % max(nb, 1)].sum() if nb else 0
-        return {"policy": "repeat", "world_size": world_size, "batches_per_rank": -(-nb // world_size),
-                "repeated_batches": int(extra), "repeated_samples": int(repeated),
-                "dropped_batches": 0, "dropped_samples": 0}
-    dropped = int(sizes[nb - left:].sum()) if left else 0
-    return {"policy": "drop", "world_size": world_size, "batches_per_rank": nb // world_size,
-            "repeated_batches": 0, "repeated_samples": 0,
-            "dropped_batches": int(left), "dropped_samples": dropped}

@@ -8,12 +8,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .metrics import bucket_table, format_table, length_mixing, pair_repeat_rate
-from .plan import remainder_stats
+from .distributed import remainder_stats
 from .strategies import Planner
 
 
 def plan_report(planner: Planner, epochs: int, world_size: int = 1, remainder: str = "repeat",
-                dump_dir=None, progress: bool = False) -> dict:
+                dump_dir=None, progress: bool = False, balance: bool = False,
+                attention_cost: float | None = None) -> dict:
     """Plans `epochs` epochs (at least two, for pair_repeat_rate) and measures them.
 
     Top-level token and batch counts are those of epoch 0; `per_epoch` lists each epoch.
@@ -53,7 +54,9 @@ def plan_report(planner: Planner, epochs: int, world_size: int = 1, remainder: s
         "per_epoch": [{"epoch": p.epoch, "num_batches": p.num_batches,
                        "padded_tokens": p.padded_tokens,
                        "padding_efficiency": p.padding_efficiency} for p in plans[:max(epochs, 1)]],
-        "distributed": remainder_stats(first, world_size, remainder),
+        "distributed": remainder_stats(first, world_size, remainder, balance=balance,
+                                       seed=planner.seed, **({} if attention_cost is None else
+                                                            {"attention_cost": attention_cost})),
     }
 
 
@@ -70,7 +73,10 @@ def format_report(report: dict) -> str:
     dist = (f"distributed: {d['world_size']} rank(s), {d['batches_per_rank']:,} batches each, "
             f"remainder={d['policy']} (repeated {d['repeated_batches']} batches / "
             f"{d['repeated_samples']} samples, dropped {d['dropped_batches']} batches / "
-            f"{d['dropped_samples']} samples)")
+            f"{d['dropped_samples']} samples); step imbalance (slowest/mean rank) "
+            f"{d['step_imbalance']:.3f} with balance_steps={d['balance_steps']} "
+            f"[unbalanced {d['step_imbalance_unbalanced']:.3f}, balanced "
+            f"{d['step_imbalance_balanced']:.3f}]")
     table = format_table(report["buckets"], ["lo", "hi", "samples", "batches",
                                              "mean_batch_size", "efficiency"],
                          title="per bucket (a batch belongs to the bucket of its longest sample)")
