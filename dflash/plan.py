@@ -38,7 +38,8 @@ def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
     report = plan_report(planner, int(cfg.epochs), world_size=int(cfg.topology.dp_size),
                          remainder=choice(cfg.batching.remainder), dump_dir=dump_dir, progress=True,
                          balance=bool(cfg.batching.balance_steps),
-                         attention_cost=float(cfg.batching.attention_cost))
+                         attention_cost=float(cfg.batching.attention_cost),
+                         original_ids=data.original_ids)
     report["buckets_preset"] = cfg.buckets.name
     report["data"] = data.info
     return report

@@ -124,3 +124,15 @@ def test_train_builds_data_and_plan_without_pretending(tmp_path):
     assert rep["num_samples"] == 200 and rep["strategy"] == "bucketed"
     assert "no drafter was trained" in proc.stdout + proc.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_dump_keeps_original_ids_when_overlong_samples_are_dropped(tmp_path):
+    lengths = np.array([10, 9000, 20, 30, 9500, 40])
+    np.save(tmp_path / "len.npy", lengths)
+    _run("dflash.plan", f"lengths_file={tmp_path}/len.npy", "data.max_seq_len=8192",
+         "data.overlong=drop", "epochs=1", f"dump={tmp_path}/d", f"report={tmp_path}/r.json",
+         f"hydra.run.dir={tmp_path}/run")
+    z = np.load(tmp_path / "d" / "epoch0.npz")
+    assert sorted(z["indices"].tolist()) == [0, 2, 3, 5]
+    (rep,) = json.loads((tmp_path / "r.json").read_text())
+    assert rep["data"]["overlong_samples"] == 2 and rep["num_samples"] == 4

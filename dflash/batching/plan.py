@@ -110,6 +110,7 @@ class EpochPlan:
                          self.seq_len[batch_ids], self.num_tokens[batch_ids])
 
     # ---- files -------------------------------------------------------------------
-    def save_npz(self, path: str | Path) -> None:
-        np.savez(path, indices=self.indices.astype(np.int64),
+    def save_npz(self, path: str | Path, original_ids: np.ndarray | None = None) -> None:
+        ids = self.indices if original_ids is None else original_ids[self.indices]
+        np.savez(path, indices=ids.astype(np.int64),
                  offsets=self.offsets.astype(np.int64), bucket=self.bucket.astype(np.int32))

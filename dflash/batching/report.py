@@ -14,7 +14,7 @@ from .strategies import Planner
 
 def plan_report(planner: Planner, epochs: int, world_size: int = 1, remainder: str = "repeat",
                 dump_dir=None, progress: bool = False, balance: bool = False,
-                attention_cost: float | None = None) -> dict:
+                attention_cost: float | None = None, original_ids=None) -> dict:
     """Plans `epochs` epochs (at least two, for pair_repeat_rate) and measures them.
 
     Top-level token and batch counts are those of epoch 0; `per_epoch` lists each epoch.
@@ -27,7 +27,7 @@ def plan_report(planner: Planner, epochs: int, world_size: int = 1, remainder: s
         seconds.append(time.perf_counter() - t0)
         if dump_dir is not None and e < epochs:
             Path(dump_dir).mkdir(parents=True, exist_ok=True)
-            plans[-1].save_npz(Path(dump_dir) / f"epoch{e}.npz")
+            plans[-1].save_npz(Path(dump_dir) / f"epoch{e}.npz", original_ids)
     first = plans[0]
     lengths = planner.lengths
     repeats = [pair_repeat_rate(plans[e], plans[e + 1], planner.num_samples)

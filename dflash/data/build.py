@@ -20,6 +20,9 @@ class Data:
     lengths: np.ndarray  # int64, one per sample the planner sees
     dataset: TokenDataset | None  # None when only lengths are known
     info: dict = field(default_factory=dict)
+    # original sample id of each planned sample when overlong samples were dropped from
+    # a lengths file (plans index the kept samples; dumps report original ids)
+    original_ids: np.ndarray | None = None
 
 
 def load_data(cfg, lengths_file: str | None = None, need_tokens: bool = False) -> Data:
@@ -57,6 +60,8 @@ def load_data(cfg, lengths_file: str | None = None, need_tokens: bool = False) -
 
 
 def _lengths_only(lengths: np.ndarray, cfg, source: str) -> Data:
-    lengths, _, report = apply_to_lengths(lengths, cfg.max_seq_len, choice(cfg.overlong), source)
+    kept_before = len(lengths)
+    lengths, keep, report = apply_to_lengths(lengths, cfg.max_seq_len, choice(cfg.overlong), source)
     return Data(lengths, None, {"source": "lengths", "path": source,
-                                "num_samples": len(lengths), **report.as_dict()})
+                                "num_samples": len(lengths), **report.as_dict()},
+                original_ids=keep if len(keep) != kept_before else None)
