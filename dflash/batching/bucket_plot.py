@@ -5,12 +5,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..plotting import pyplot, save
+
 
 def plot_fit(lengths: np.ndarray, boundaries, predicted: list[float], simulated: list[float],
              path: str | Path, title: str = "") -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     b = np.asarray(boundaries)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), height_ratios=[3, 2])
@@ -31,9 +31,4 @@ def plot_fit(lengths: np.ndarray, boundaries, predicted: list[float], simulated:
     bottom.set_ylim(0, 1)
     bottom.set_ylabel("padding efficiency")
     bottom.legend(loc="lower right")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..plotting import pyplot, save
+
 
 def label(entry: dict) -> str:
     window = entry.get("sort_window") or 0
@@ -15,9 +17,7 @@ def label(entry: dict) -> str:
 
 
 def plot_tradeoff(entries: list[dict], path: str | Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for i, e in enumerate(sorted(entries, key=lambda e: e["length_mixing"])):
@@ -31,9 +31,4 @@ def plot_tradeoff(entries: list[dict], path: str | Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
     ax.set_title("batching trade-off (marker size: pair repeat rate across epochs)")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
