@@ -193,13 +193,12 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        # sdpa: dense boolean mask; flex: BlockMask (GPU default). Not a checkpoint setting.
-        self.attention = "sdpa"
+        # sdpa: dense boolean mask; flex: BlockMask; auto: flex on CUDA, sdpa elsewhere.
+        # A runtime choice, not a checkpoint setting.
+        self.attention = "auto"
 
-    def set_attention(self, backend: str, device: torch.device | None = None) -> None:
-        if backend == "auto":
-            backend = "flex" if device is not None and device.type == "cuda" else "sdpa"
-        if backend not in ("sdpa", "flex"):
+    def set_attention(self, backend: str) -> None:
+        if backend not in ("auto", "sdpa", "flex"):
             raise ValueError(f"model.attention must be 'auto', 'sdpa' or 'flex', got {backend!r}")
         self.attention = backend
 
@@ -220,7 +219,9 @@ class DFlashDrafter(nn.Module):
         offs = torch.arange(bs, device=anchors.device)
         q_pos = (anchors[:, :, None] + offs).reshape(b, a * bs)
         kv_pos = torch.cat([torch.arange(s, device=anchors.device).expand(b, s), q_pos], dim=1)
-        make = flex_block_mask if self.attention == "flex" else block_mask
+        use_flex = self.attention == "flex" or (self.attention == "auto"
+                                                 and anchors.device.type == "cuda")
+        make = flex_block_mask if use_flex else block_mask
         mask = make(anchors, anchor_valid, ctx_valid, bs)
         for layer in self.layers:
             h = layer(h, ctx, q_pos, kv_pos, mask)
