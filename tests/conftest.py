@@ -42,7 +42,8 @@ def chat_tokenizer(tmp_path_factory):
     vocab = {w: i for i, w in enumerate(words)}
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>",
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"])
     fast.chat_template = (
         "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
         "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")

@@ -157,3 +157,41 @@ def test_prepare_cli_then_plan_and_buckets_on_the_data_set(tmp_path, chat_tokeni
     p = run("dflash.plan", "data=tokenized", f"data.path={tmp_path}/ds", "data.max_seq_len=32",
             f"hydra.run.dir={tmp_path}/run3")
     assert p.returncode != 0 and "more than data.max_seq_len=32" in p.stderr
+
+
+def test_prepare_handles_templates_that_rewrite_past_turns(tmp_path, chat_tokenizer):
+    """Like Qwen3 stripping past reasoning: earlier assistant turns render differently
+    from how a prefix render shows them, so only content lookup places the mask right."""
+    import shutil
+    from transformers import AutoTokenizer
+    quirky = tmp_path / "quirky"
+    shutil.copytree(chat_tokenizer, quirky)
+    tok = AutoTokenizer.from_pretrained(str(quirky))
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|> {{ m['role'] }} "
+        "{% if m['role'] == 'assistant' and not loop.last %}w199 {% endif %}"
+        "{{ m['content'] }} <|im_end|> {% endfor %}")
+    tok.save_pretrained(quirky)
+    conv = [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2 w3"},
+            {"role": "user", "content": "w4"}, {"role": "assistant", "content": "w5"}]
+    ds, _ = prepare(_jsonl(tmp_path / "c.jsonl", [conv]), quirky, tmp_path / "out")
+    t, m = ds.sample(0)
+    words = tok.convert_ids_to_tokens(t.tolist())
+    assert [w for w, k in zip(words, m) if k] == ["w2", "w3", "<|im_end|>", "w5", "<|im_end|>"]
+    assert "w199" in words  # the rewrite is there, and unsupervised
+
+
+def test_prepare_with_workers_matches_single_process(tmp_path, chat_tokenizer):
+    rng = np.random.default_rng(1)
+    convs = [[{"role": "user", "content": " ".join(f"w{i}" for i in rng.integers(0, 200, 5))},
+              {"role": "assistant", "content": " ".join(f"w{i}" for i in rng.integers(0, 200, 9))}]
+             for _ in range(150)]
+    f = _jsonl(tmp_path / "c.jsonl", convs)
+    one, _ = prepare(f, chat_tokenizer, tmp_path / "one")
+    two, _ = prepare(f, chat_tokenizer, tmp_path / "two", workers=2)
+    assert np.array_equal(one.tokens, two.tokens) and np.array_equal(one.loss_mask, two.loss_mask)
+    assert np.array_equal(one.offsets, two.offsets)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(f.read_text() + '{"messages": [{"role": "user"}]}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:151: message 0 needs 'role' and a string"):
+        prepare(bad, chat_tokenizer, tmp_path / "b", workers=2)

@@ -1,17 +1,23 @@
 """JSONL chat conversations -> the dflash token format.
 
     python -m dflash.data.prepare --jsonl chats.jsonl --tokenizer TOKENIZER_DIR --out DIR \
-        [--max-seq-len 8192] [--overlong truncate|drop|error]
+        [--max-seq-len 8192] [--overlong truncate|drop|error] [--workers 8]
 
 Each line is {"messages": [{"role": ..., "content": ...}, ...]} (also accepted:
-"conversations"). The tokenizer is loaded from a local directory and renders each
-conversation with its own chat template; the loss mask covers exactly the tokens each
-assistant turn adds to the rendered conversation.
+"conversations"). The tokenizer is loaded from a local directory; each conversation is
+rendered once with the tokenizer's own chat template and tokenized with character
+offsets. The loss mask covers each assistant message's content as it appears in the
+rendered text, plus the special token that closes the turn (so the drafter learns
+where answers end). Locating content in the rendered text, rather than rendering
+prefixes, also works for templates that render earlier turns differently (Qwen3 strips
+past reasoning), and costs one render per conversation.
 """
 from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
+from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
@@ -31,72 +37,105 @@ def load_tokenizer(path: str | Path):
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if not getattr(tok, "chat_template", None):
         raise DataError(f"tokenizer at {path} has no chat template")
+    if not getattr(tok, "is_fast", False):
+        raise DataError(f"tokenizer at {path} is not a fast tokenizer (character offsets "
+                        "are needed to place the loss mask)")
     return tok
 
 
-def _ids(tok, messages, add_generation_prompt: bool) -> list[int]:
-    out = tok.apply_chat_template(messages, tokenize=True,
-                                  add_generation_prompt=add_generation_prompt)
-    if isinstance(out, dict) or hasattr(out, "keys"):
-        out = out["input_ids"]
-    return list(out)
-
-
-def encode_conversation(tok, messages: list[dict], where: str) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and assistant-only loss mask for one conversation.
-
-    For assistant turn i the supervised span runs from the end of
-    render(messages[:i], generation prompt) to the end of render(messages[:i+1]); the
-    template must render prefixes as prefixes, which is checked.
-    """
+def _check_messages(messages, where: str) -> None:
     if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: 'messages' must be a non-empty list")
     for j, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise DataError(f"{where}: message {j} needs 'role' and 'content'")
-    full = _ids(tok, messages, add_generation_prompt=False)
-    mask = np.zeros(len(full), dtype=np.uint8)
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
+            raise DataError(f"{where}: message {j} needs 'role' and a string 'content'")
+
+
+def encode_conversation(tok, messages: list[dict], where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and assistant-only loss mask (uint8) for one conversation."""
+    _check_messages(messages, where)
+    text = tok.apply_chat_template(messages, tokenize=False)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = np.asarray(enc["input_ids"], dtype=np.int64)
+    starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64)
+    special = set(tok.all_special_ids)
+    mask = np.zeros(len(ids), dtype=np.uint8)
+    cursor = 0
+    for j, m in enumerate(messages):
+        if m["role"] != "assistant" or not m["content"].strip():
             continue
-        start = len(_ids(tok, messages[:i], add_generation_prompt=True)) if i else 0
-        upto = _ids(tok, messages[:i + 1], add_generation_prompt=False)
-        if full[:len(upto)] != upto:
-            raise DataError(f"{where}: the chat template does not render turn {i} as a prefix "
-                            "of the conversation; cannot place the loss mask")
-        mask[start:len(upto)] = 1
+        content = m["content"].strip()
+        pos = text.find(content, cursor)
+        if pos < 0:
+            raise DataError(f"{where}: assistant message {j} does not appear in the text the "
+                            "chat template renders; cannot place the loss mask")
+        end = pos + len(content)
+        lo = int(np.searchsorted(starts, pos, side="left"))
+        hi = int(np.searchsorted(starts, end, side="left"))
+        # the turn's closing special token (<|im_end|>, eos, ...) is supervised too
+        if hi < len(ids) and int(ids[hi]) in special and not text[end:starts[hi]].strip():
+            hi += 1
+        mask[lo:hi] = 1
+        cursor = end
     if not mask.any():
-        raise DataError(f"{where}: no assistant turn, nothing to supervise")
-    return np.asarray(full, dtype=np.int64), mask
+        raise DataError(f"{where}: no assistant content, nothing to supervise")
+    return ids, mask
+
+
+_WORKER_TOK = {}
+
+
+def _init_worker(tokenizer_dir: str) -> None:
+    _WORKER_TOK["tok"] = load_tokenizer(tokenizer_dir)
+
+
+def _encode_line(item, tok=None):
+    """(line number, ids, mask) or (line number, None, error message)."""
+    line_no, line, where = item
+    tok = tok or _WORKER_TOK["tok"]
+    try:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: invalid JSON ({exc})") from exc
+        if not isinstance(rec, dict):
+            raise DataError(f"{where}: expected a JSON object")
+        ids, mask = encode_conversation(tok, rec.get("messages", rec.get("conversations")), where)
+        return line_no, ids, mask
+    except DataError as exc:
+        return line_no, None, str(exc)
+
+
+def _lines(jsonl: Path):
+    with jsonl.open() as fh:
+        for line_no, line in enumerate(fh, 1):
+            if line.strip():
+                yield line_no, line, f"{jsonl}:{line_no}"
 
 
 def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
-            max_seq_len: int = 8192, overlong: str = "error") -> tuple[TokenDataset, dict]:
+            max_seq_len: int = 8192, overlong: str = "error",
+            workers: int = 1) -> tuple[TokenDataset, dict]:
     check_policy(overlong)
     jsonl = Path(jsonl)
     if not jsonl.exists():
         raise DataError(f"JSONL file not found: {jsonl}")
     tok = load_tokenizer(tokenizer_dir)
-    vocab = len(tok)
     report = OverlongReport(overlong, int(max_seq_len))
-    writer = DatasetWriter(out, vocab, {"source": str(jsonl), "tokenizer": str(tokenizer_dir)})
-    total = sum(1 for _ in jsonl.open())
-    with jsonl.open() as fh:
-        for line_no, line in enumerate(tqdm(fh, total=total, desc="prepare", unit="conv"), 1):
-            if not line.strip():
-                continue
-            where = f"{jsonl}:{line_no}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: invalid JSON ({exc})") from exc
-            messages = rec.get("messages", rec.get("conversations"))
-            ids, mask = encode_conversation(tok, messages, where)
+    writer = DatasetWriter(out, len(tok), {"source": str(jsonl), "tokenizer": str(tokenizer_dir)})
+    total = sum(1 for _ in _lines(jsonl))
+    pool = Pool(workers, _init_worker, (str(tokenizer_dir),)) if workers > 1 else None
+    try:
+        results = (pool.imap(_encode_line, _lines(jsonl), chunksize=64) if pool
+                   else map(partial(_encode_line, tok=tok), _lines(jsonl)))
+        for line_no, ids, mask in tqdm(results, total=total, desc="prepare", unit="conv"):
+            if ids is None:
+                raise DataError(mask)
             if len(ids) > max_seq_len:
                 report.count += 1
                 if overlong == "error":
-                    raise DataError(f"{where}: {len(ids)} tokens, more than max_seq_len="
-                                    f"{max_seq_len} (use --overlong truncate or drop)")
+                    raise DataError(f"{jsonl}:{line_no}: {len(ids)} tokens, more than "
+                                    f"max_seq_len={max_seq_len} (use --overlong truncate or drop)")
                 if overlong == "drop":
                     report.tokens_removed += len(ids)
                     continue
@@ -105,6 +144,9 @@ def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
                 if not mask.any():
                     continue  # truncation removed every supervised token
             writer.add(ids, mask)
+    finally:
+        if pool:
+            pool.terminate()
     ds = writer.close()
     summary = {"samples": len(ds), "tokens": int(ds.offsets[-1]),
                "supervised_tokens": int(np.asarray(ds.loss_mask).sum(dtype=np.int64)),
@@ -120,8 +162,10 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-seq-len", type=int, default=8192)
     ap.add_argument("--overlong", default="error", choices=["truncate", "drop", "error"])
+    ap.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     args = ap.parse_args(argv)
-    _, summary = prepare(args.jsonl, args.tokenizer, args.out, args.max_seq_len, args.overlong)
+    _, summary = prepare(args.jsonl, args.tokenizer, args.out, args.max_seq_len, args.overlong,
+                         args.workers)
     print(json.dumps(summary, indent=2))
 
 
