@@ -18,14 +18,16 @@ from omegaconf import DictConfig
 from . import config as _config  # noqa: F401  (registers the schemas)
 from .batching.report import format_report
 from .data.build import load_data
+from .model.target import target_vocab_size
 from .plan import report_for
 
 log = logging.getLogger("dflash.train")
 
 
 def run_plan_stage(cfg: DictConfig, out_dir: Path) -> dict:
+    vocab = target_vocab_size(cfg.model.target)  # fail on a bad model path before data work
     data = load_data(cfg.data, need_tokens=True)
-    data.dataset.check_vocab(int(cfg.model.target.vocab_size))
+    data.dataset.check_vocab(vocab)
     report = report_for(cfg, data)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "plan_report.json").write_text(json.dumps(report, indent=2))

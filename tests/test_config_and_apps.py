@@ -136,3 +136,14 @@ def test_dump_keeps_original_ids_when_overlong_samples_are_dropped(tmp_path):
     assert sorted(z["indices"].tolist()) == [0, 2, 3, 5]
     (rep,) = json.loads((tmp_path / "r.json").read_text())
     assert rep["data"]["overlong_samples"] == 2 and rep["num_samples"] == 4
+
+
+def test_train_rejects_data_outside_the_target_vocabulary(tmp_path):
+    from omegaconf import OmegaConf
+    from dflash.config import TargetConfig
+    from dflash.model.target import build_tiny_qwen3
+    build_tiny_qwen3(OmegaConf.structured(TargetConfig(vocab_size=256))).save_pretrained(tmp_path / "m")
+    proc = _run("dflash.train", "data.num_samples=50", f"data.cache_dir={tmp_path}/cache",
+                f"model.target.path={tmp_path}/m", f"hydra.run.dir={tmp_path}/run", check=False)
+    assert proc.returncode != 0
+    assert "outside the model vocabulary of 256" in proc.stderr

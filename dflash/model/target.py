@@ -59,6 +59,20 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype) -> nn.Module:
                         f"LM ({exc})") from exc
 
 
+def target_vocab_size(cfg) -> int:
+    """The target's vocabulary from its config alone (no weights loaded)."""
+    if cfg.path is None:
+        return int(cfg.vocab_size)
+    from transformers import AutoConfig
+
+    path = Path(cfg.path)
+    if not (path / "config.json").exists():
+        raise DataError(f"model.target.path={path}: no config.json there (expected a local "
+                        "HF model directory)")
+    hc = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    return int(getattr(hc, "vocab_size", None) or hc.get_text_config().vocab_size)
+
+
 class Target(nn.Module):
     def __init__(self, lm: nn.Module, layer_ids: list[int] | None = None):
         super().__init__()
