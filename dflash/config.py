@@ -53,9 +53,6 @@ class DataConfig:
     overlong: Overlong = Overlong.error
     seed: int = 0
     cache_dir: str = "${oc.env:DFLASH_CACHE,.cache/dflash}"
-    # prepare only: tokenizer directory and JSONL input
-    tokenizer: Optional[str] = None
-    jsonl: Optional[str] = None
 
 
 @dataclass

@@ -7,7 +7,6 @@ miss). The loss is the weighted mean cross-entropy, through the fused LM-head ke
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +94,3 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     accept = 1.0 + float(streak.float().mean()) if streak.numel() else 1.0
     return LossOutput(loss, acc, accept, int(rows.sum()))
 
-
-def loss_weight_sum(block_size: int, gamma: float) -> float:
-    return float(sum(math.exp(-(k - 1) / gamma) for k in range(1, block_size)))
