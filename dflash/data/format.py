@@ -66,11 +66,12 @@ class TokenDataset:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Fail before training if any token id cannot index the model's embedding."""
-        if self.max_token_id >= vocab_size:
-            bad = int(np.argmax(np.maximum.reduceat(self.tokens, self.offsets[:-1])
-                                >= vocab_size)) if len(self) else -1
-            raise DataError(f"{self.path}: sample {bad} holds token id {self.max_token_id} "
-                            f"outside the model vocabulary of {vocab_size}")
+        if self.max_token_id >= vocab_size:  # meta.json records the largest id: O(1) check
+            per_sample = np.maximum.reduceat(self.tokens, self.offsets[:-1])
+            bad = int(np.argmax(per_sample >= vocab_size))
+            raise DataError(f"{self.path}: sample {bad} holds token id {int(per_sample[bad])} "
+                            f"outside the model vocabulary of {vocab_size} "
+                            f"({int((per_sample >= vocab_size).sum())} samples affected)")
 
     @classmethod
     def open(cls, path: str | Path) -> "TokenDataset":
