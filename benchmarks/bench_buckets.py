@@ -10,18 +10,18 @@ import time
 
 from dflash.batching import PackingSpec
 from dflash.batching.bucket_opt import build_cost_table, optimal_fits, simulate
-from dflash.batching.buckets import computed_boundaries
-from dflash.data.synthetic import synthetic_lengths
+from dflash.batching.buckets import computed_boundaries, preset_boundaries
+from dflash.data.synthetic import PRODUCTION_SAMPLES, production_lengths
 
-SEED6 = [0, 770, 1216, 1728, 2432, 3296, 8192]
+SEED6 = preset_boundaries("seed6")
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--samples", type=int, default=902087)
+    ap.add_argument("--samples", type=int, default=PRODUCTION_SAMPLES)
     ap.add_argument("--candidates", type=int, default=256)
     args = ap.parse_args()
-    lengths = synthetic_lengths(args.samples, 1.0, 65, seed=0)
+    lengths = production_lengths(args.samples)
     spec = PackingSpec(49152, 64)
     print(f"{args.samples:,} samples, budget 49,152, cap 64, {args.candidates} candidates")
     for k in (6, 16):

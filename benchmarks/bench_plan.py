@@ -11,10 +11,11 @@ import time
 import numpy as np
 
 from dflash.batching import PackingSpec, Planner
+from dflash.batching.buckets import preset_boundaries
 from dflash.batching.report import plan_report
-from dflash.data.synthetic import synthetic_lengths
+from dflash.data.synthetic import PRODUCTION_SAMPLES, production_lengths
 
-SEED6 = [0, 770, 1216, 1728, 2432, 3296, 8192]
+SEED6 = preset_boundaries("seed6")
 
 
 def best_of(fn, repeats):
@@ -28,10 +29,10 @@ def best_of(fn, repeats):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--samples", type=int, default=902087)
+    ap.add_argument("--samples", type=int, default=PRODUCTION_SAMPLES)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    lengths = synthetic_lengths(args.samples, 1.0, 65, seed=0)
+    lengths = production_lengths(args.samples)
     print(f"{args.samples:,} samples, budget 49,152, cap 64, buckets seed6, best/median of "
           f"{args.repeats}")
     print(f"{'strategy':>18}  {'plan s (best)':>13}  {'median':>7}  {'resume s':>8}  "

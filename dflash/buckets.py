@@ -14,7 +14,6 @@ import logging
 from pathlib import Path
 
 import hydra
-import numpy as np
 import yaml
 from omegaconf import DictConfig
 

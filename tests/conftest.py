@@ -12,6 +12,17 @@ import pytest  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
+def run_module(module, *args, check=True):
+    """`python -m module args...` in the repository, as a user would run it."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(proc.stdout + proc.stderr)
+    return proc
+
+
 def reference_pack(lengths, budget, cap):
     """The packing rule of DESIGN.md, one sample at a time."""
     offsets, count, cur = [0], 0, 0
@@ -27,8 +38,8 @@ def reference_pack(lengths, budget, cap):
 
 @pytest.fixture(scope="session")
 def full_lengths():
-    from dflash.data.synthetic import synthetic_lengths
-    return synthetic_lengths(902087, 1.0, 65, seed=0)
+    from dflash.data.synthetic import production_lengths
+    return production_lengths()
 
 
 @pytest.fixture(scope="session")

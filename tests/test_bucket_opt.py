@@ -1,6 +1,3 @@
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import yaml
@@ -9,10 +6,10 @@ from hypothesis import given, settings, strategies as st
 from dflash.batching import DataError, PackingSpec
 from dflash.batching.bucket_opt import (build_cost_table, choose_auto, exhaustive_fit,
                                         optimal_fits, simulate)
-from dflash.batching.buckets import computed_boundaries
-from conftest import REPO
+from dflash.batching.buckets import computed_boundaries, preset_boundaries
+from conftest import run_module
 
-SEED6 = [0, 770, 1216, 1728, 2432, 3296, 8192]
+SEED6 = preset_boundaries("seed6")
 
 
 @settings(max_examples=25, deadline=None)
@@ -114,11 +111,7 @@ def test_attention_aware_cost_is_estimated_too():
 
 
 def _run(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "dflash.buckets", *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=300)
-    if check and proc.returncode:
-        raise AssertionError(proc.stdout + proc.stderr)
-    return proc
+    return run_module("dflash.buckets", *args, check=check)
 
 
 def test_app_writes_a_preset_the_plan_can_select(tmp_path):
@@ -133,11 +126,9 @@ def test_app_writes_a_preset_the_plan_can_select(tmp_path):
     assert doc["name"] == "fitted" and len(doc["boundaries"]) == 6
     assert 0 < doc["meta"]["simulated_efficiency"] <= 1
     assert (tmp_path / "fit.png").read_bytes()[:4] == b"\x89PNG"
-    plan = subprocess.run([sys.executable, "-m", "dflash.plan", f"lengths_file={tmp_path}/len.npy",
-                           f"hydra.searchpath=[file://{tmp_path}/conf]", "buckets=fitted",
-                           f"report={tmp_path}/r.json", f"hydra.run.dir={tmp_path}/run2"],
-                          cwd=REPO, text=True, capture_output=True, timeout=300)
-    assert plan.returncode == 0, plan.stderr
+    run_module("dflash.plan", f"lengths_file={tmp_path}/len.npy",
+               f"hydra.searchpath=[file://{tmp_path}/conf]", "buckets=fitted",
+               f"report={tmp_path}/r.json", f"hydra.run.dir={tmp_path}/run2")
     import json
     (rep,) = json.loads((tmp_path / "r.json").read_text())
     assert rep["boundaries"] == doc["boundaries"]

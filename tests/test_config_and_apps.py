@@ -1,6 +1,4 @@
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -9,7 +7,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import dflash.config  # noqa: F401
-from conftest import REPO
+from conftest import REPO, run_module
 
 CONF = str(REPO / "conf")
 GROUPS = {g: sorted(p.stem for p in (REPO / "conf" / g).glob("*.yaml"))
@@ -58,12 +56,7 @@ def test_misspelled_key_in_a_preset_file(tmp_path):
         _compose("plan", [f"hydra.searchpath=[file://{tmp_path}]", "buckets=typo"])
 
 
-def _run(module, *args, check=True):
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(proc.stdout + proc.stderr)
-    return proc
+_run = run_module
 
 
 def test_plan_app_report_and_dump(tmp_path):

@@ -127,9 +127,7 @@ def test_prepare_overlong_and_bad_lines(tmp_path, chat_tokenizer):
 
 
 def test_prepare_cli_then_plan_and_buckets_on_the_data_set(tmp_path, chat_tokenizer):
-    import subprocess
-    import sys
-    from conftest import REPO
+    from conftest import run_module
     rng = np.random.default_rng(0)
     convs = []
     for _ in range(60):
@@ -137,8 +135,7 @@ def test_prepare_cli_then_plan_and_buckets_on_the_data_set(tmp_path, chat_tokeni
         a = " ".join(f"w{i}" for i in rng.integers(0, 200, rng.integers(1, 60)))
         convs.append([{"role": "user", "content": q}, {"role": "assistant", "content": a}])
     f = _jsonl(tmp_path / "c.jsonl", convs)
-    run = lambda *a: subprocess.run([sys.executable, "-m", *a], cwd=REPO, text=True,  # noqa: E731
-                                    capture_output=True, timeout=300)
+    run = lambda *a: run_module(*a, check=False)  # noqa: E731
     p = run("dflash.data.prepare", "--jsonl", str(f), "--tokenizer", str(chat_tokenizer),
             "--out", str(tmp_path / "ds"), "--max-seq-len", "64", "--overlong", "truncate")
     assert p.returncode == 0, p.stderr

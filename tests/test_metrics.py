@@ -2,11 +2,11 @@ import numpy as np
 import pytest
 
 from dflash.batching import PackingSpec, Planner
-from dflash.batching.buckets import computed_boundaries
+from dflash.batching.buckets import computed_boundaries, preset_boundaries
 from dflash.batching.metrics import bucket_table, length_mixing, pair_repeat_rate
 from dflash.batching.report import plan_report
 
-SEED6 = [0, 770, 1216, 1728, 2432, 3296, 8192]
+SEED6 = preset_boundaries("seed6")
 
 
 def test_token_totals_past_int32_are_exact():

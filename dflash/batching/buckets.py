@@ -5,12 +5,15 @@ boundaries[j] <= L < boundaries[j + 1].
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from ..config import choice
 from ..errors import DataError
 
 COMPUTED = ("geometric", "quantile", "equal_tokens")
+PRESET_DIR = Path(__file__).resolve().parents[2] / "conf" / "buckets"
 
 
 def check_boundaries(boundaries, lengths: np.ndarray | None = None,
@@ -38,6 +41,19 @@ def check_boundaries(boundaries, lengths: np.ndarray | None = None,
                 f"{source} {b.tolist()} leave {len(low) + len(high)} samples uncovered: sample "
                 f"{i} has length {lengths[i]} outside [{b[0]}, {b[-1]})")
     return b
+
+
+def preset_boundaries(name: str) -> np.ndarray:
+    """Boundaries of a fixed preset in conf/buckets/ (the YAML is the one source)."""
+    import yaml
+
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise DataError(f"no bucket preset {name!r} in {PRESET_DIR}")
+    doc = yaml.safe_load(path.read_text())
+    if not doc.get("boundaries"):
+        raise DataError(f"{path} has no fixed boundaries (kind {doc.get('kind')!r})")
+    return check_boundaries(doc["boundaries"], source=str(path))
 
 
 def assign(lengths: np.ndarray, boundaries: np.ndarray) -> np.ndarray:

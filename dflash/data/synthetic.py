@@ -39,6 +39,14 @@ def synthetic_lengths(num_samples: int, length_scale: float = 1.0, min_length: i
     return np.maximum(raw.astype(np.int64), max(1, int(min_length)))
 
 
+PRODUCTION_SAMPLES = 902_087
+
+
+def production_lengths(num_samples: int = PRODUCTION_SAMPLES, seed: int = 0) -> np.ndarray:
+    """The production length profile at full scale (planning benchmarks and tests)."""
+    return synthetic_lengths(num_samples, 1.0, 65, seed)
+
+
 class MarkovSource:
     """Each content token has 4 successors drawn once from the seed, taken with
     probabilities 0.70/0.15/0.10/0.05: predictable enough to learn, not deterministic."""

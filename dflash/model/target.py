@@ -107,13 +107,11 @@ class Target(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.lm.get_output_embeddings().weight
 
-    @torch.no_grad()
-    def context(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                stop_early: bool = True) -> torch.Tensor:
-        """[B, S, len(layer_ids) * H]: the outputs of the chosen layers, concatenated."""
+    def _run_capturing(self, forward, stop_early: bool):
+        """Run `forward()` with hooks that keep only the chosen layers' outputs; with
+        `stop_early` the forward is cut after the last chosen layer."""
         captured: dict[int, torch.Tensor] = {}
         last = max(self.layer_ids)
-        hooks = []
 
         def grab(i):
             def hook(_module, _inputs, output):
@@ -122,27 +120,29 @@ class Target(nn.Module):
                     raise _StopForward
             return hook
 
-        for i in self.layer_ids:
-            hooks.append(self.base.layers[i].register_forward_hook(grab(i)))
+        hooks = [self.base.layers[i].register_forward_hook(grab(i)) for i in self.layer_ids]
+        result = None
         try:
-            self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            result = forward()
         except _StopForward:
             pass
         finally:
             for h in hooks:
                 h.remove()
-        return torch.cat([captured[i] for i in self.layer_ids], dim=-1)
+        return result, torch.cat([captured[i] for i in self.layer_ids], dim=-1)
+
+    @torch.no_grad()
+    def context(self, input_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, S, len(layer_ids) * H]: the outputs of the chosen layers, concatenated."""
+        _, ctx = self._run_capturing(
+            lambda: self.base(input_ids=input_ids, attention_mask=attention_mask,
+                              use_cache=False), stop_early=True)
+        return ctx
 
     @torch.no_grad()
     def logits_and_context(self, input_ids: torch.Tensor):
         """Full forward (for verification): last-layer logits and the drafter context."""
-        captured: dict[int, torch.Tensor] = {}
-        hooks = [self.base.layers[i].register_forward_hook(
-            lambda _m, _i, out, i=i: captured.__setitem__(i, out[0] if isinstance(out, tuple) else out))
-            for i in self.layer_ids]
-        try:
-            logits = self.lm(input_ids=input_ids, use_cache=False).logits
-        finally:
-            for h in hooks:
-                h.remove()
-        return logits, torch.cat([captured[i] for i in self.layer_ids], dim=-1)
+        out, ctx = self._run_capturing(
+            lambda: self.lm(input_ids=input_ids, use_cache=False), stop_early=False)
+        return out.logits, ctx
