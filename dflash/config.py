@@ -25,7 +25,7 @@ def choice(value) -> str:
     return value.value if isinstance(value, Enum) else str(value)
 
 
-Source = Choice("Source", {k: k for k in ("synthetic", "tokenized", "lengths")})
+Source = Choice("Source", {k: k for k in ("world", "synthetic", "tokenized", "lengths")})
 Overlong = Choice("Overlong", {k: k for k in ("truncate", "drop", "error")})
 Strategy = Choice("Strategy", {k: k for k in ("sorted", "random", "bucketed", "megabatch")})
 Remainder = Choice("Remainder", {k: k for k in ("repeat", "drop")})
@@ -35,6 +35,7 @@ Attention = Choice("Attention", {k: k for k in ("auto", "sdpa", "flex")})
 WarmupPolicy = Choice("WarmupPolicy", {k: k for k in ("buckets", "observed", "none")})
 Device = Choice("Device", {k: k for k in ("auto", "cpu", "cuda")})
 LoggerMode = Choice("LoggerMode", {k: k for k in ("online", "offline", "disabled")})
+Autocast = Choice("Autocast", {k: k for k in ("auto", "bf16", "off")})
 
 
 @dataclass
@@ -53,6 +54,10 @@ class DataConfig:
     overlong: Overlong = Overlong.error
     seed: int = 0
     cache_dir: str = "${oc.env:DFLASH_CACHE,.cache/dflash}"
+    # world: motif slots and the token range of each slot; steps to fit the tiny target
+    period: int = 8
+    slot_size: int = 8
+    target_fit_steps: int = 500
 
 
 @dataclass
@@ -87,6 +92,8 @@ class ModelConfig:
     loss_impl: LossImpl = LossImpl.auto
     attention: Attention = Attention.auto  # auto: flex_attention on CUDA, SDPA on CPU
     loss_chunk: int = 1024
+    # bf16 autocast for the drafter (fp32 master weights); auto: on CUDA only
+    autocast: Autocast = Autocast.auto
 
 
 @dataclass
@@ -140,6 +147,9 @@ class LoggerConfig:
     project: str = "dflash"
     mode: LoggerMode = LoggerMode.disabled
     log_every: int = 10
+    progress: bool = True  # the tqdm bar
+    group: Optional[str] = None  # W&B group (a multirun's sweep)
+    run_name: Optional[str] = None
 
 
 @dataclass
@@ -148,8 +158,22 @@ class OptimConfig:
     warmup_ratio: float = 0.04
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    epochs: int = 1
-    max_steps: int = -1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    min_lr_ratio: float = 0.0
+    max_steps: int = -1  # > 0: stop after this many steps (the schedule spans them)
+
+
+@dataclass
+class EvalConfig:
+    # acceptance length by real speculative decoding on held-out prompts, before and
+    # after training; the world's prompts come from a seed stream training never sees
+    enabled: bool = True
+    num_prompts: int = 16
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    batch_size: int = 16
+    seed: int = 0
 
 
 @dataclass
@@ -162,6 +186,7 @@ class TrainConfig:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     epochs: int = 1
     report: Optional[str] = None

@@ -1,9 +1,8 @@
-"""`python -m dflash.train`: the main job.
+"""`python -m dflash.train [group=option] [key=value ...]`: the main job.
 
-Today it builds the data set and the epoch plan from the config groups, checks them
-against the model's vocabulary, and reports the plan. The training loop (target ->
-drafter pipeline, warmup, logging) plugs in behind `run_plan_stage`; until it does this
-command does not train and says so.
+Composes the config, builds the run (data, plans, frozen target, drafter, optimizer,
+logger) and trains; writes summary.json, metrics.jsonl, the resolved config and the
+final drafter (public DFlash layout) into the Hydra run dir.
 """
 from __future__ import annotations
 
@@ -16,31 +15,31 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from . import config as _config  # noqa: F401  (registers the schemas)
-from .batching.report import format_report
-from .data.build import load_data
-from .model.target import target_vocab_size
-from .plan import report_for
+from .runner import Runner
 
 log = logging.getLogger("dflash.train")
 
+SHOWN = ("strategy", "steps", "samples_seen", "tokens_per_second", "padding_efficiency",
+         "initial_loss", "final_loss", "initial_acceptance_length", "acceptance_length",
+         "wall_seconds")
 
-def run_plan_stage(cfg: DictConfig, out_dir: Path) -> dict:
-    vocab = target_vocab_size(cfg.model.target)  # fail on a bad model path before data work
-    data = load_data(cfg.data, need_tokens=True)
-    data.dataset.check_vocab(vocab)
-    report = report_for(cfg, data)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "plan_report.json").write_text(json.dumps(report, indent=2))
-    return report
+
+def format_summary(summary: dict) -> str:
+    rows = []
+    for k in SHOWN:
+        v = summary.get(k)
+        rows.append(f"{k:>26}  {v:,.3f}" if isinstance(v, float) else f"{k:>26}  {v}")
+    return "\n".join(rows)
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    report = run_plan_stage(cfg, out_dir)
-    print(format_report(report))
-    log.warning("the training loop is not part of this build yet: data and plan were built "
-                "and checked (%s), no drafter was trained", out_dir / "plan_report.json")
+    runner = Runner(cfg, out_dir).build()
+    summary = runner.run()
+    if runner.topo.is_main:
+        print(format_summary(summary))
+        print(f"run dir: {out_dir}")
 
 
 if __name__ == "__main__":

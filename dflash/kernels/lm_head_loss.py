@@ -43,7 +43,8 @@ class _FusedLMHeadCE(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if hidden.requires_grad else None
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            logits = (hidden[s:e] @ weight.t()).contiguous()
+            # the LM head's dtype decides the matmul (bf16 target, fp32 drafter: bf16)
+            logits = (hidden[s:e].to(weight.dtype) @ weight.t()).contiguous()
             losses[s:e], argmax[s:e] = fn(logits, target[s:e], scale[s:e])
             if grad_h is not None:
                 grad_h[s:e] = (logits.to(weight.dtype) @ weight).to(hidden.dtype)

@@ -95,6 +95,8 @@ class Attention(nn.Module):
         q = rope(self.q_norm(self._heads(self.q_proj(h), s.num_heads)), q_pos, s.rope_theta)
         k = rope(self.k_norm(self._heads(self.k_proj(kv_in), s.num_kv_heads)), kv_pos, s.rope_theta)
         v = self._heads(self.v_proj(kv_in), s.num_kv_heads)
+        # q and k pass through fp32 norms; under autocast v is already bf16: one dtype
+        q, k = q.to(v.dtype), k.to(v.dtype)
         if isinstance(mask, torch.Tensor):
             rep = s.num_heads // s.num_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -214,6 +216,11 @@ class DFlashDrafter(nn.Module):
         bs = self.spec.block_size
         b, a = anchors.shape
         s = target_hidden.shape[1]
+        if not torch.is_autocast_enabled(target_hidden.device.type):
+            # a bf16 target feeding fp32 master weights: compute in the drafter's dtype
+            # (under autocast the matmuls pick their own precision)
+            dtype = self.fc.weight.dtype
+            target_hidden, block_embeds = target_hidden.to(dtype), block_embeds.to(dtype)
         ctx = self.project_context(target_hidden)
         h = block_embeds.reshape(b, a * bs, -1)
         offs = torch.arange(bs, device=anchors.device)

@@ -1,9 +1,15 @@
 """Anchor sampling, block inputs and the position-weighted drafter loss.
 
-For each sequence up to `num_anchors` anchors a are drawn among positions whose next
-token is supervised. Block position k (1..bs-1) predicts token a+k with weight
-exp(-(k-1)/gamma) (early positions matter most: a draft is accepted up to its first
-miss). The loss is the weighted mean cross-entropy, through the fused LM-head kernel.
+For each sequence `num_anchors` anchor slots are filled with positions a where both
+a and a+1 are supervised (at inference an anchor is always a token the target wrote);
+slots beyond the candidates are marked invalid. Block position k (1..bs-1) predicts
+token a+k with weight exp(-(k-1)/gamma) (a draft is accepted up to its first miss, so
+early positions matter most); the loss is the weighted mean cross-entropy through the
+fused LM-head kernel.
+
+Every shape here is fixed by (batch size, padded length, num_anchors) and nothing reads
+a value back to the host: the step runs without synchronising, and its metrics stay on
+the device until the runner gathers them every `logger.log_every` steps.
 """
 from __future__ import annotations
 
@@ -16,10 +22,11 @@ from ..kernels import fused_lm_head_ce
 
 @dataclass
 class LossOutput:
-    loss: torch.Tensor
-    acc: torch.Tensor  # [bs-1] top-1 accuracy of block positions 1..bs-1
-    accept_len: float  # teacher-forced estimate: 1 + mean leading correct predictions
-    rows: int  # supervised (block position, target) pairs
+    loss: torch.Tensor  # scalar, weighted mean CE
+    acc: torch.Tensor  # [bs-1] top-1 accuracy of block positions 1..bs-1 (device)
+    accept_len: torch.Tensor  # scalar: teacher-forced 1 + mean leading correct predictions
+    rows: torch.Tensor  # scalar int64: supervised (block position, target) pairs
+    blocks: torch.Tensor  # scalar int64: valid anchors
 
 
 def position_weights(block_size: int, gamma: float) -> torch.Tensor:
@@ -27,24 +34,33 @@ def position_weights(block_size: int, gamma: float) -> torch.Tensor:
     return torch.exp(-(k - 1) / gamma)
 
 
+def anchor_candidates(loss_mask: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[B, S] bool: positions a with loss_mask[a] and loss_mask[a+1] (both real tokens)."""
+    sup = loss_mask.bool() & valid.bool()
+    cand = torch.zeros_like(sup)
+    cand[:, :-1] = sup[:, :-1] & sup[:, 1:]
+    return cand
+
+
 def sample_anchors(loss_mask: torch.Tensor, valid: torch.Tensor, num_anchors: int,
                    generator: torch.Generator | None = None):
-    """anchors [B, A] and anchor_valid [B, A]; candidates are a >= 1 with loss_mask[a+1]."""
+    """anchors [B, num_anchors] (sorted: sorted anchors keep flex tiles dense) and
+    anchor_valid [B, num_anchors]; invalid slots hold position 0."""
     b, s = loss_mask.shape
-    cand = torch.zeros_like(loss_mask, dtype=torch.bool)
-    cand[:, 1:-1] = loss_mask[:, 2:] & valid[:, 2:]
-    counts = cand.sum(1)
-    a = int(min(num_anchors, counts.max().item())) if b else 0
-    if a == 0:
-        z = torch.zeros(b, 1, dtype=torch.long, device=loss_mask.device)
-        return z, torch.zeros(b, 1, dtype=torch.bool, device=loss_mask.device)
-    score = torch.rand(b, s, generator=generator, device="cpu").to(loss_mask.device)
+    cand = anchor_candidates(loss_mask, valid)
+    score = torch.rand(b, s, generator=generator, device=loss_mask.device)
     score = torch.where(cand, score, torch.full_like(score, -1.0))
-    top = score.topk(a, dim=1)
-    anchors, ok = top.indices, top.values >= 0
-    anchors, order = torch.sort(torch.where(ok, anchors, torch.full_like(anchors, s)), dim=1)
+    k = min(int(num_anchors), s)
+    top = score.topk(k, dim=1)
+    ok = top.values >= 0
+    anchors, order = torch.sort(torch.where(ok, top.indices, torch.full_like(top.indices, s)), dim=1)
     ok = torch.gather(ok, 1, order)
-    return torch.where(ok, anchors, torch.zeros_like(anchors)), ok
+    anchors = torch.where(ok, anchors, torch.zeros_like(anchors))
+    if k < num_anchors:  # a row shorter than the slot count: pad with invalid slots
+        pad = num_anchors - k
+        anchors = torch.cat([anchors, anchors.new_zeros(b, pad)], dim=1)
+        ok = torch.cat([ok, ok.new_zeros(b, pad)], dim=1)
+    return anchors, ok
 
 
 def block_targets(ids, loss_mask, valid, anchors, anchor_valid, block_size):
@@ -55,7 +71,7 @@ def block_targets(ids, loss_mask, valid, anchors, anchor_valid, block_size):
     inside = pos < s
     pos_c = pos.clamp(max=s - 1)
     flat = lambda x: torch.gather(x, 1, pos_c.flatten(1)).view_as(pos)  # noqa: E731
-    sup = inside & flat(loss_mask) & flat(valid) & anchor_valid[:, :, None]
+    sup = inside & flat(loss_mask.bool()) & flat(valid.bool()) & anchor_valid[:, :, None]
     return flat(ids), sup
 
 
@@ -69,28 +85,27 @@ def block_embeddings(embed, ids, anchors, block_size, mask_token_id):
 
 def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, valid,
                  num_anchors: int, gamma: float, generator=None, chunk: int = 1024,
-                 impl: str = "auto") -> LossOutput:
+                 impl: str = "auto", anchors=None) -> LossOutput:
+    """`anchors` (a pair from `sample_anchors`) may be given to reuse a draw."""
     spec = drafter.spec
     bs = spec.block_size
-    anchors, anchor_valid = sample_anchors(loss_mask, valid, num_anchors, generator)
+    if anchors is None:
+        anchors = sample_anchors(loss_mask, valid, num_anchors, generator)
+    anchors, anchor_valid = anchors
     emb = block_embeddings(embed, ids, anchors, bs, spec.mask_token_id)
     hidden = drafter(target_ctx, valid, anchors, anchor_valid, emb)[:, :, 1:]  # [B, A, bs-1, H]
     targets, sup = block_targets(ids, loss_mask, valid, anchors, anchor_valid, bs)
-    w = position_weights(bs, gamma).to(hidden.device).expand_as(sup)
-    rows = sup.flatten()
-    h = hidden.reshape(-1, hidden.shape[-1])[rows]
-    if h.shape[0] == 0:
-        zero = hidden.sum() * 0.0
-        return LossOutput(zero, torch.zeros(bs - 1), 1.0, 0)
-    loss, _, argmax = fused_lm_head_ce(h, lm_head_weight, targets.flatten()[rows],
-                                       w.flatten()[rows], chunk=chunk, impl=impl)
-    correct = torch.zeros(sup.numel(), dtype=torch.bool, device=sup.device)
-    correct[rows] = argmax == targets.flatten()[rows]
-    correct = correct.view_as(sup)
-    per_k = sup.sum((0, 1)).clamp_min(1)
-    acc = (correct.sum((0, 1)) / per_k).detach().float().cpu()
-    blocks = anchor_valid
-    streak = torch.cumprod(correct.long(), dim=2).sum(2)[blocks]
-    accept = 1.0 + float(streak.float().mean()) if streak.numel() else 1.0
-    return LossOutput(loss, acc, accept, int(rows.sum()))
-
+    # Unsupervised rows stay in with weight 0: a fixed row count, no boolean indexing
+    # (which would read the count back to the host every step).
+    w = position_weights(bs, gamma).to(hidden.device) * sup
+    targets = torch.where(sup, targets, torch.zeros_like(targets))
+    loss, _, argmax = fused_lm_head_ce(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight,
+                                       targets.flatten(), w.flatten(), chunk=chunk, impl=impl)
+    correct = (argmax.view_as(sup) == targets) & sup
+    acc = correct.sum((0, 1)) / sup.sum((0, 1)).clamp_min(1)
+    streak = torch.cumprod(correct.long(), dim=2).sum(2)  # leading correct drafts per block
+    blocks = anchor_valid.sum()
+    accept = 1.0 + (streak * anchor_valid).sum() / blocks.clamp_min(1)
+    # a batch without a single supervised row still yields a differentiable zero
+    loss = torch.where(sup.any(), loss, hidden.sum() * 0.0)
+    return LossOutput(loss, acc.detach(), accept.detach(), sup.sum(), blocks)

@@ -1,0 +1,129 @@
+"""One training step, split into the two stages the pipeline runs apart.
+
+    target stage   collated batch -> frozen target context (no grad, early stop)
+    drafter stage  context -> anchors -> drafter -> fused LM-head CE -> backward ->
+                   clip -> AdamW -> LR schedule
+
+Nothing here reads a value back to the host: the step's metrics are device tensors
+that `StepMetrics` sums, and the runner synchronises them every `logger.log_every`
+steps. Mixed precision: the target runs in its own dtype (bf16 for production); the
+drafter keeps fp32 master weights and computes under `torch.autocast` when enabled.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .model.loss import drafter_loss
+
+
+@dataclass
+class DeviceBatch:
+    """A collated batch on its device, with the plan's own Batch beside it."""
+    batch: object  # dflash.batching.plan.Batch
+    ids: torch.Tensor  # [B, S] int64
+    loss_mask: torch.Tensor  # [B, S] bool
+    valid: torch.Tensor  # [B, S] bool
+
+
+def collate(dataset, batch, device, pad_to_multiple: int = 1) -> DeviceBatch:
+    """Right-padded tensors for a planned batch (padded length rounded up if asked)."""
+    seq = batch.seq_len
+    if pad_to_multiple > 1:
+        seq = -(-seq // pad_to_multiple) * pad_to_multiple
+    ids, mask, valid = dataset.collate(batch.sample_ids, seq)
+    move = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
+    return DeviceBatch(batch, move(ids), move(mask), move(valid))
+
+
+def autocast_for(device: torch.device, mode: str):
+    """`model.autocast`: auto = bf16 on CUDA, off elsewhere; bf16 | off force it."""
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+class TrainStep:
+    def __init__(self, target, drafter, optimizer, scheduler, *, num_anchors: int,
+                 gamma: float, grad_clip: float, loss_chunk: int = 1024,
+                 loss_impl: str = "auto", autocast: str = "auto",
+                 generator: torch.Generator | None = None, module=None):
+        self.target, self.drafter = target, drafter
+        # `module` is what runs forward (a DDP wrapper); `drafter` owns the weights
+        self.module = module if module is not None else drafter
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.num_anchors, self.gamma, self.grad_clip = int(num_anchors), float(gamma), float(grad_clip)
+        self.loss_chunk, self.loss_impl, self.autocast = int(loss_chunk), loss_impl, autocast
+        self.device = next(drafter.parameters()).device
+        self.generator = generator or torch.Generator(device=self.device).manual_seed(0)
+
+    # ---- target stage --------------------------------------------------------------
+    def context(self, b: DeviceBatch) -> torch.Tensor:
+        return self.target.context(b.ids, b.valid.long())
+
+    # ---- drafter stage -------------------------------------------------------------
+    def drafter_step(self, b: DeviceBatch, ctx: torch.Tensor) -> dict:
+        self.module.train()
+        with autocast_for(self.device, self.autocast):
+            out = drafter_loss(self.module, ctx, self.target.embed_tokens,
+                               self.target.lm_head_weight, b.ids, b.loss_mask, b.valid,
+                               self.num_anchors, self.gamma, self.generator,
+                               chunk=self.loss_chunk, impl=self.loss_impl)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.grad_clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        return {"loss": out.loss.detach().float(), "accept_est": out.accept_len.float(),
+                "acc": out.acc.float(), "grad_norm": grad_norm.detach().float(), "lr": lr,
+                "rows": out.rows}
+
+    def __call__(self, b: DeviceBatch) -> dict:
+        return self.drafter_step(b, self.context(b))
+
+
+class StepMetrics:
+    """Sums step metrics on the device; `flush()` is the only host synchronisation."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.sums = None
+        self.steps = 0
+        self.tokens = 0  # real tokens (known on the host from the plan)
+        self.padded = 0
+        self.samples = 0
+        self.lr = 0.0
+
+    def add(self, m: dict, batch) -> None:
+        vec = torch.cat([torch.stack([m["loss"], m["accept_est"], m["grad_norm"]]), m["acc"]])
+        self.sums = vec if self.sums is None else self.sums + vec
+        self.steps += 1
+        self.tokens += int(batch.num_tokens)
+        self.padded += int(batch.padded_tokens)
+        self.samples += batch.batch_size
+        self.lr = float(m["lr"])
+
+    def flush(self) -> dict:
+        """Means since the last flush (one device -> host copy), then start afresh."""
+        if not self.steps:
+            return {}
+        v = (self.sums / self.steps).tolist()
+        rec = {"loss": v[0], "accept_est": v[1], "grad_norm": v[2],
+               "acc": [round(x, 4) for x in v[3:]], "lr": self.lr, "steps": self.steps,
+               "tokens": self.tokens, "padded_tokens": self.padded, "samples": self.samples,
+               "padding_efficiency": self.tokens / max(1, self.padded)}
+        self.reset()
+        return rec
+
+
+def seeded_generator(device: torch.device, seed: int, rank: int = 0) -> torch.Generator:
+    """Anchor draws: one stream per (seed, rank), on the device that uses it."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(np.random.SeedSequence([int(seed), int(rank), 77]).generate_state(1)[0]))
+    return g
