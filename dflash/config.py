@@ -222,6 +222,23 @@ class BucketsAppConfig:
     seed: int = 0
 
 
+@dataclass
+class EvalAppConfig:
+    drafter: Optional[str] = None  # a checkpoint dir in the public DFlash layout
+    prompts: Optional[str] = None  # JSONL with "prompt_ids", or a dflash data set dir
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # the model group also sets its scale's batching and optim keys: accepted, unused
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    num_prompts: int = -1  # -1: every prompt in the file
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    batch_size: int = 16
+    seed: int = 0
+    device: Device = Device.auto
+    out: Optional[str] = None  # JSON report
+
+
 _GROUPS = {
     "data": DataConfig,
     "model": ModelConfig,
@@ -238,6 +255,7 @@ def register() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="plan_schema", node=PlanConfig)
     cs.store(name="buckets_schema", node=BucketsAppConfig)
+    cs.store(name="eval_schema", node=EvalAppConfig)
     for group, node in _GROUPS.items():
         cs.store(group=group, name=f"{group}_schema", node=node)
 

@@ -110,15 +110,6 @@ def test_plan_app_bad_input_fails_clearly(tmp_path):
     assert proc.returncode != 0 and "sample 1 has length 60000" in proc.stderr
 
 
-def test_train_builds_data_and_plan_without_pretending(tmp_path):
-    proc = _run("dflash.train", "data.num_samples=200", f"data.cache_dir={tmp_path}/cache",
-                f"hydra.run.dir={tmp_path}/run")
-    rep = json.loads((tmp_path / "run" / "plan_report.json").read_text())
-    assert rep["num_samples"] == 200 and rep["strategy"] == "bucketed"
-    assert "no drafter was trained" in proc.stdout + proc.stderr
-    assert not (tmp_path / "run" / "summary.json").exists()
-
-
 def test_dump_keeps_original_ids_when_overlong_samples_are_dropped(tmp_path):
     lengths = np.array([10, 9000, 20, 30, 9500, 40])
     np.save(tmp_path / "len.npy", lengths)
@@ -136,7 +127,7 @@ def test_train_rejects_data_outside_the_target_vocabulary(tmp_path):
     from dflash.config import TargetConfig
     from dflash.model.target import build_tiny_qwen3
     build_tiny_qwen3(OmegaConf.structured(TargetConfig(vocab_size=256))).save_pretrained(tmp_path / "m")
-    proc = _run("dflash.train", "data.num_samples=50", f"data.cache_dir={tmp_path}/cache",
-                f"model.target.path={tmp_path}/m", f"hydra.run.dir={tmp_path}/run", check=False)
+    proc = _run("dflash.train", "data=synthetic", "data.num_samples=50",
+                f"data.cache_dir={tmp_path}/cache", f"model.target.path={tmp_path}/m", f"hydra.run.dir={tmp_path}/run", check=False)
     assert proc.returncode != 0
     assert "outside the model vocabulary of 256" in proc.stderr

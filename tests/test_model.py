@@ -99,8 +99,14 @@ def test_anchors_and_targets():
     for b in range(2):
         for a, v in zip(anchors[b].tolist(), ok[b].tolist()):
             if v:
-                assert a >= 1 and loss_mask[b, a + 1] and valid[b, a + 1]
-    assert ok[0].sum() == 8 and ok[1].sum() == 2  # row 1 has only anchors 24, 25
+                # the anchor itself is supervised: blocks anchored on a prompt token
+                # never occur at inference
+                assert loss_mask[b, a] and loss_mask[b, a + 1] and valid[b, a + 1]
+    assert ok[0].sum() == 8 and ok[1].sum() == 1  # row 1: only 25 (24 is a prompt token)
+    assert anchors.shape == (2, 8) and (anchors[0][1:] >= anchors[0][:-1]).all()
+    assert (anchors[1][~ok[1]] == 0).all()
+    wide, _ = sample_anchors(loss_mask, valid, 40)  # more slots than positions: padded
+    assert wide.shape == (2, 40)
     ids = torch.arange(60).view(2, 30)
     tgt, sup = block_targets(ids, loss_mask, valid, anchors, ok, 16)
     a = int(anchors[0, 0])

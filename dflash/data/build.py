@@ -12,7 +12,7 @@ from .format import TokenDataset
 from .overlong import apply_to_lengths, check_policy
 from .synthetic import build_synthetic, synthetic_lengths
 
-SOURCES = ("synthetic", "tokenized", "lengths")
+SOURCES = ("world", "synthetic", "tokenized", "lengths")
 
 
 @dataclass
@@ -50,9 +50,12 @@ def load_data(cfg, lengths_file: str | None = None, need_tokens: bool = False) -
         return Data(lengths, ds, {"source": "tokenized", "path": str(cfg.path),
                                   "num_samples": len(lengths)})
     raw = synthetic_lengths(cfg.num_samples, cfg.length_scale, cfg.min_length, cfg.seed)
-    lengths, _, report = apply_to_lengths(raw, cfg.max_seq_len, policy, "synthetic data")
-    info = {"source": "synthetic", "num_samples": len(lengths), **report.as_dict()}
+    lengths, _, report = apply_to_lengths(raw, cfg.max_seq_len, policy, f"{source} data")
+    info = {"source": source, "num_samples": len(lengths), **report.as_dict()}
     ds = None
+    if need_tokens and source == "world":
+        # the world's tokens need its fitted target: dflash.sources builds them
+        raise DataError("data=world tokens are built by the training run (dflash.sources)")
     if need_tokens:
         ds = build_synthetic(cfg.num_samples, cfg.length_scale, cfg.min_length, cfg.vocab_size,
                              cfg.seed, lengths, cfg.cache_dir)

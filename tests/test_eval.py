@@ -1,0 +1,76 @@
+"""Speculative decoding: batched, KV-cached, lossless, and the rejection rule."""
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dflash.config import DrafterConfig, TargetConfig
+from dflash.eval import (DrafterProposer, NgramProposer, _accept, speculative_decode,
+                         target_greedy)
+from dflash.model.drafter import DFlashDrafter, DrafterSpec
+from dflash.model.target import Target
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target.from_config(OmegaConf.structured(TargetConfig()))
+
+
+def _prompts(n=5):
+    g = torch.Generator().manual_seed(4)
+    return [torch.randint(3, 500, (int(k),), generator=g).tolist() for k in
+            torch.randint(3, 20, (n,), generator=g)]
+
+
+def test_batched_decoding_equals_target_greedy_and_feeds_only_new_tokens(target):
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(DrafterSpec.from_target(target, OmegaConf.structured(DrafterConfig()))).eval()
+    prompts = _prompts()
+    widths = []
+    # token rows the target embeds (the drafter's [B, A, bs] block lookups are 3-D)
+    hook = target.embed_tokens.register_forward_hook(
+        lambda _m, i, _o: widths.append(i[0].shape) if i[0].dim() == 2 else None)
+    try:
+        res = speculative_decode(target, DrafterProposer(drafter, target), prompts, 20,
+                                 batch_size=3)
+    finally:
+        hook.remove()
+    for p, toks, acc in zip(prompts, res.tokens, res.accept_lengths):
+        assert toks == target_greedy(target, p, 20)
+        assert sum(acc) == 20 and all(1 <= a <= 16 for a in acc)
+    # a prefill per batch, then every verify forward holds exactly [current + 15 drafts]
+    verify = [w for w in widths if w[1] == 16]
+    assert len(widths) - len(verify) == 2 and verify
+    fed = sum(w[0] * w[1] for w in widths)
+    assert fed < sum(len(p) + 20 for p in prompts) * 16  # no prefix is ever re-run
+    assert sum(res.histogram) == sum(len(a) for a in res.accept_lengths)
+
+
+def test_stops_at_eos_and_clamps_the_last_step(target):
+    p = _prompts(1)[0]
+    ref = target_greedy(target, p, 12)
+    eos = ref[5]
+    first = ref.index(eos)
+    ngram = NgramProposer([p + ref], order=2)  # drafts the target's own continuation
+    res = speculative_decode(target, ngram, [p], 12, eos_token_id=eos)
+    assert res.tokens[0] == ref[:first + 1]
+    res = speculative_decode(target, ngram, [p], 7)
+    assert res.tokens[0] == ref[:7] and sum(res.accept_lengths[0]) == 7
+
+
+def test_rejection_rule():
+    g = torch.Generator().manual_seed(0)
+    v = 6
+    p = torch.softmax(torch.randn(1, 4, v, generator=g), -1)
+    logits = torch.log(p)
+    drafts = torch.tensor([[1, 2, 3]])
+    # q == p: every draft is accepted (u <= 1), the bonus comes from the last position
+    n, _ = _accept(logits, drafts, p[:, :3].clone(), 1.0, g)
+    assert int(n) == 3
+    # a draft the target gives probability 0 is always rejected and never resampled
+    p0 = p.clone()
+    p0[0, 0, 1] = 0
+    p0 = p0 / p0.sum(-1, keepdim=True)
+    q = torch.full((1, 3, v), 1.0 / v)
+    for _ in range(20):
+        n, nxt = _accept(torch.log(p0.clamp_min(1e-30)), drafts, q, 1.0, g)
+        assert int(n) == 0 and int(nxt) != 1
