@@ -74,3 +74,33 @@ def test_rejection_rule():
     for _ in range(20):
         n, nxt = _accept(torch.log(p0.clamp_min(1e-30)), drafts, q, 1.0, g)
         assert int(n) == 0 and int(nxt) != 1
+
+
+def test_eval_app_measures_a_checkpoint_and_refuses_a_mismatch(tmp_path, target):
+    import json
+
+    from conftest import run_module
+    from dflash.model.checkpoint import save_drafter
+
+    target.lm.save_pretrained(tmp_path / "target")
+    torch.manual_seed(0)
+    save_drafter(DFlashDrafter(DrafterSpec.from_target(
+        target, OmegaConf.structured(DrafterConfig()))), tmp_path / "drafter")
+    with open(tmp_path / "prompts.jsonl", "w") as f:
+        for p in _prompts(3):
+            f.write(json.dumps({"prompt_ids": p}) + "\n")
+    args = [f"drafter={tmp_path}/drafter", f"prompts={tmp_path}/prompts.jsonl",
+            f"model.target.path={tmp_path}/target", "max_new_tokens=10",
+            f"out={tmp_path}/r.json", f"hydra.run.dir={tmp_path}/run"]
+    proc = run_module("dflash.eval", *args)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert len(report["per_prompt"]) == 3 and report["generated_tokens"] == 30
+    assert sum(report["histogram"]) == report["verify_steps"]
+    assert "acceptance length" in proc.stdout
+    other = tmp_path / "small"
+    from dflash.model.target import build_tiny_qwen3
+    build_tiny_qwen3(OmegaConf.structured(TargetConfig(hidden_size=32, num_attention_heads=2,
+                                                       num_key_value_heads=1))).save_pretrained(other)
+    bad = run_module("dflash.eval", *args[:2], f"model.target.path={other}",
+                     f"hydra.run.dir={tmp_path}/run2", check=False)
+    assert bad.returncode != 0 and "does not fit the target" in bad.stderr
