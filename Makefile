@@ -22,6 +22,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_plan.py
 	$(PY) benchmarks/bench_buckets.py
 	$(PY) benchmarks/bench_loss.py
+	$(PY) benchmarks/bench_train.py
 
 clean:
 	rm -rf $(VENV) outputs
