@@ -36,7 +36,7 @@ def _world(cfg, progress: bool) -> Sources:
     raw = synthetic_lengths(d.num_samples, d.length_scale, d.min_length, d.seed)
     lengths, _, report = apply_to_lengths(raw, d.max_seq_len, choice(d.overlong), "world data")
     world = load_world(d, cfg.model.target, lengths, progress=progress)
-    tcfg = OmegaConf.merge(cfg.model.target, {"path": str(world.target_dir), "dtype": cfg.model.target.dtype})
+    tcfg = OmegaConf.merge(cfg.model.target, {"path": str(world.target_dir)})
     target = Target.from_config(tcfg)
     n_eval = int(cfg.eval.num_prompts)
     eval_lengths = synthetic_lengths(max(1, n_eval), d.length_scale, d.min_length, d.seed + 1)

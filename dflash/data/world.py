@@ -161,10 +161,16 @@ def make_target_consistent(lm, ids: np.ndarray, mask: np.ndarray, lengths: np.nd
     att = torch.from_numpy(np.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
     sup = torch.from_numpy(mask)
     fixed = torch.zeros(len(ids), dtype=torch.bool)
-    for _ in range(rounds):
+
+    def misses():
+        """(supervised positions the target would write otherwise, its predictions)."""
         pred = lm(input_ids=x, attention_mask=att, use_cache=False).logits.argmax(-1)
         wrong = torch.zeros_like(sup)
         wrong[:, 1:] = sup[:, 1:] & (pred[:, :-1] != x[:, 1:])
+        return wrong, pred
+
+    for _ in range(rounds):
+        wrong, pred = misses()
         rows = wrong.any(1)
         if not rows.any():
             break
@@ -173,9 +179,7 @@ def make_target_consistent(lm, ids: np.ndarray, mask: np.ndarray, lengths: np.nd
         x[r, first[r]] = pred[r, first[r] - 1]  # the target's own token at its first miss
         fixed |= rows
     else:
-        pred = lm(input_ids=x, attention_mask=att, use_cache=False).logits.argmax(-1)
-        wrong = torch.zeros_like(sup)
-        wrong[:, 1:] = sup[:, 1:] & (pred[:, :-1] != x[:, 1:])
+        wrong, _ = misses()
     # still unsettled: supervise only the prefix the target agrees with
     unsettled = wrong.any(1)
     cut = torch.where(unsettled, wrong.float().argmax(1).long(),
