@@ -32,7 +32,9 @@ Remainder = Choice("Remainder", {k: k for k in ("repeat", "drop")})
 BucketKind = Choice("BucketKind", {k: k for k in ("fixed", "geometric", "quantile", "equal_tokens")})
 LossImpl = Choice("LossImpl", {k: k for k in ("auto", "torch", "triton")})
 Attention = Choice("Attention", {k: k for k in ("auto", "sdpa", "flex")})
-WarmupPolicy = Choice("WarmupPolicy", {k: k for k in ("buckets", "observed", "none")})
+WarmupPolicy = Choice("WarmupPolicy", {k: k for k in ("none", "bucket_max", "top_k", "coverage", "all")})
+Compile = Choice("Compile", {k: k for k in ("off", "static", "dynamic")})
+OnCompile = Choice("OnCompile", {k: k for k in ("warn", "stop")})
 Device = Choice("Device", {k: k for k in ("auto", "cpu", "cuda")})
 LoggerMode = Choice("LoggerMode", {k: k for k in ("online", "offline", "disabled")})
 Autocast = Choice("Autocast", {k: k for k in ("auto", "bf16", "off")})
@@ -94,6 +96,9 @@ class ModelConfig:
     loss_chunk: int = 1024
     # bf16 autocast for the drafter (fp32 master weights); auto: on CUDA only
     autocast: Autocast = Autocast.auto
+    # torch.compile of the drafter forward (block mask included): static compiles one
+    # graph per warmed shape, dynamic one symbolic graph; off runs eager
+    compile: Compile = Compile.off
 
 
 @dataclass
@@ -126,9 +131,17 @@ class BucketsConfig:
 
 @dataclass
 class WarmupConfig:
-    enabled: bool = True
-    max_shapes: int = 16
-    policy: WarmupPolicy = WarmupPolicy.buckets
+    # which planned shapes are warmed before step 1 (every batch then runs at the
+    # cheapest warmed shape holding it): none | bucket_max (one per bucket) | top_k (most
+    # frequent) | coverage (smallest set covering `coverage` of steps) | all
+    policy: WarmupPolicy = WarmupPolicy.all
+    pad_to_multiple: int = 64  # padded lengths round up to this (the model group sets it)
+    batch_sizes: List[int] = field(default_factory=list)  # a batch-size menu; []: plan's own
+    top_k: int = 8
+    coverage: float = 0.99
+    envelope: bool = True  # top_k / coverage also warm each bucket's envelope shape
+    # a compile or autotune run after warmup: warn (counted in summary.json) or stop
+    on_compile: OnCompile = OnCompile.warn
 
 
 @dataclass
@@ -137,8 +150,20 @@ class TopologyConfig:
     device: Device = Device.auto
     # data-parallel replicas; each replica runs target stage(s) then drafter stage(s)
     dp_size: int = 1
-    target_gpus: int = 0
-    drafter_gpus: int = 0
+    # pairs: per local rank, the GPU index of its target and of its drafter (the same
+    # index twice: the pair shares one GPU); empty: a GPU each when there are enough
+    target_devices: List[int] = field(default_factory=list)
+    drafter_devices: List[int] = field(default_factory=list)
+    # the CUDA allocator grows segments instead of fragmenting on variable shapes
+    expandable_segments: bool = True
+
+
+@dataclass
+class PipelineConfig:
+    # contexts the target may run ahead of the drafter (a bounded queue); 0: the plain
+    # sequential loop (collate, target, drafter in one thread)
+    depth: int = 2
+    prefetch: int = 2  # batches collated ahead on the host (pinned buffers on GPU)
 
 
 @dataclass
@@ -149,6 +174,8 @@ class LoggerConfig:
     log_every: int = 10
     progress: bool = True  # the tqdm bar
     group: Optional[str] = None  # W&B group (a multirun's sweep)
+    # the gradient norm costs a reduction over every parameter when grad clipping is off
+    grad_norm: bool = True
     run_name: Optional[str] = None
 
 
@@ -184,6 +211,7 @@ class TrainConfig:
     buckets: BucketsConfig = field(default_factory=BucketsConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -198,6 +226,8 @@ class PlanConfig:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     buckets: BucketsConfig = field(default_factory=BucketsConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    anchors: int = 512  # anchor slots of the shape report (model.drafter.num_anchors)
     lengths_file: Optional[str] = None
     epochs: int = 2
     seed: int = 0
@@ -227,9 +257,10 @@ class EvalAppConfig:
     drafter: Optional[str] = None  # a checkpoint dir in the public DFlash layout
     prompts: Optional[str] = None  # JSONL with "prompt_ids", or a dflash data set dir
     model: ModelConfig = field(default_factory=ModelConfig)
-    # the model group also sets its scale's batching and optim keys: accepted, unused
+    # the model group also sets its scale's batching, optim and warmup keys: accepted, unused
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
     num_prompts: int = -1  # -1: every prompt in the file
     max_new_tokens: int = 64
     temperature: float = 0.0

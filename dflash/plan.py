@@ -24,6 +24,7 @@ from .batching.report import format_report, plan_report
 from .batching.strategies import build_planner
 from .config import choice
 from .data.build import Data, load_data
+from .shapes import build_shape_plan, format_shape_report
 
 log = logging.getLogger("dflash.plan")
 
@@ -42,6 +43,9 @@ def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
                          original_ids=data.original_ids)
     report["buckets_preset"] = cfg.buckets.name
     report["data"] = data.info
+    # the closed shape set training would warm for these plans (`warmup=...`)
+    report["warmup"] = build_shape_plan([planner.epoch(e) for e in range(int(cfg.epochs))],
+                                        cfg.warmup, int(cfg.anchors)).report()
     return report
 
 
@@ -73,6 +77,7 @@ def write_report(path: Path, report: dict) -> list[dict]:
 def main(cfg: DictConfig) -> None:
     report = run_plan(cfg)
     print(format_report(report))
+    print(format_shape_report(report["warmup"]))
     for name in ("report", "plot"):
         if cfg[name]:
             print(f"{name}: {cfg[name]}")

@@ -2,10 +2,13 @@
 
     sources   data set + frozen target + held-out prompts   (dflash.sources)
     planner   one EpochPlan per epoch, this rank's shard     (dflash.batching)
+    shapes    the closed shape set every batch runs at       (dflash.shapes)
     drafter   + AdamW + warmup/cosine schedule               (dflash.model, dflash.optim)
     step      target context -> drafter loss -> update       (dflash.step)
     logger    metrics.jsonl (+ W&B)                          (dflash.loggers)
 
+Before step 1 every planned shape is warmed (dflash.warmup) and a compile monitor then
+watches for anything compiled or tuned mid-training (dflash.compile_monitor).
 The loop is `for epoch: for batch in shard(plan).batches(): step(batch)`; metrics stay
 on the device and are gathered every `logger.log_every` steps. At the end the drafter
 is written in the public DFlash layout and measured by real speculative decoding on
@@ -25,15 +28,20 @@ from omegaconf import OmegaConf
 from .batching.buckets import resolve_boundaries
 from .batching.distributed import shard
 from .batching.strategies import build_planner
+from .compile_monitor import CompileMonitor
 from .config import choice
+from .errors import DataError
 from .eval import evaluate
 from .loggers import build_logger
 from .model.checkpoint import save_drafter
 from .model.drafter import DFlashDrafter, DrafterSpec
 from .optim import build_optimizer
+from .shapes import build_shape_plan
 from .sources import build_sources
-from .step import StepMetrics, TrainStep, collate, seeded_generator
+from .pipeline import DrafterClock, Pipeline, StageTimes
+from .step import StepMetrics, TrainStep, seeded_generator
 from .topology import build_topology
+from .warmup import configure_compile, use_compile_caches, warm, warm_ranks
 
 log = logging.getLogger("dflash.runner")
 
@@ -47,6 +55,7 @@ class Runner:
     def build(self) -> "Runner":
         cfg = self.cfg
         self.topo = build_topology(cfg.topology)
+        use_compile_caches(cfg.data.cache_dir)  # before anything compiles or tunes
         torch.manual_seed(int(cfg.seed))
         self.sources = build_sources(cfg, progress=self.topo.is_main)
         self.target = self.sources.target.to(self.topo.target_device)
@@ -62,12 +71,17 @@ class Runner:
             raise ValueError(f"nothing to train: epochs={cfg.epochs}, "
                              f"{self.steps_per_epoch} steps per epoch")
         self.total_steps = total
+        self.num_epochs = -(-total // self.steps_per_epoch)
+        # every epoch's whole plan (all ranks' batches): each rank warms the same shapes
+        self.shapes = build_shape_plan([self.planner.epoch(e) for e in range(self.num_epochs)],
+                                       cfg.warmup, int(cfg.model.drafter.num_anchors))
         self.drafter = self.build_drafter()
-        module = self.drafter
+        local = self.compiled(self.drafter)
+        module = local
         if self.topo.distributed:
             from torch.nn.parallel import DistributedDataParallel as DDP
             dev = self.topo.drafter_device
-            module = DDP(self.drafter, device_ids=[dev] if dev.type == "cuda" else None)
+            module = DDP(local, device_ids=[dev] if dev.type == "cuda" else None)
         self.optimizer, self.scheduler = build_optimizer(self.drafter.parameters(), cfg.optim, total)
         dc = cfg.model.drafter
         self.step = TrainStep(
@@ -76,8 +90,20 @@ class Runner:
             loss_chunk=cfg.model.loss_chunk, loss_impl=choice(cfg.model.loss_impl),
             autocast=choice(cfg.model.autocast),
             generator=seeded_generator(self.topo.drafter_device, int(cfg.seed), self.topo.rank),
-            module=module)
+            module=module, local=local, log_grad_norm=bool(cfg.logger.grad_norm))
         return self
+
+    def compiled(self, drafter):
+        """`model.compile`: the training forward compiled (block mask included); the
+        drafter itself stays eager for evaluation and owns the weights."""
+        mode = choice(self.cfg.model.compile)
+        configure_compile(mode, self.shapes.num_run_shapes())
+        if mode == "off":
+            return drafter
+        if self.topo.drafter_device.type != "cuda" and choice(self.cfg.model.attention) == "flex":
+            raise DataError("model.compile with model.attention=flex needs CUDA: torch has no "
+                            "compiled flex_attention backward on CPU (use model.attention=sdpa)")
+        return torch.compile(drafter, dynamic=mode == "dynamic")
 
     def build_drafter(self) -> DFlashDrafter:
         spec = DrafterSpec.from_target(self.target, self.cfg.model.drafter)
@@ -85,7 +111,8 @@ class Runner:
             torch.manual_seed(int(self.cfg.model.drafter.seed))
             drafter = DFlashDrafter(spec)  # fp32 master weights, whatever the target's dtype
         drafter.set_attention(choice(self.cfg.model.attention))
-        return drafter.to(self.topo.drafter_device)
+        drafter = drafter.to(self.topo.drafter_device)
+        return drafter
 
     def shard(self, epoch: int):
         b = self.cfg.batching
@@ -138,19 +165,31 @@ class Runner:
         bar = tqdm(total=self.total_steps, desc=f"train {self.planner.strategy}", unit="step",
                    disable=not (cfg.logger.progress and self.topo.is_main), mininterval=1.0)
         step, first_loss, last = 0, None, {}
-        compiles_before = _compile_count()
+        warmed = self.warm()
+        monitor = CompileMonitor(choice(cfg.warmup.on_compile), _autotuners)
+        monitor.start()
+        pipe = Pipeline(self.step, self.dataset, self.shapes, self.topo.target_device,
+                        self.topo.drafter_device, int(cfg.pipeline.depth), int(cfg.pipeline.prefetch))
+        times, clock = StageTimes(), DrafterClock(self.topo.drafter_device)
+        self.batches_seen = []  # (epoch, step) in the order the drafter trained on them
         t0 = time.perf_counter()
         done = False
-        for epoch in range(max(1, int(cfg.epochs))):
-            for batch in self.shard(epoch).batches():
-                b = collate(self.dataset, batch, self.topo.target_device)
-                m = self.step.drafter_step(b, self.step.context(b).to(
-                    self.topo.drafter_device, non_blocking=True))
-                metrics.add(m, batch)
-                total.add(m, batch)
+        for epoch in range(self.num_epochs):
+            items = pipe.run(self.shard(epoch).batches())
+            for item in items:
+                batch, shape = item.batch, item.shape
+                tick = clock.start()
+                m = self.step.drafter_step(item.device_batch, item.context)
+                item.times["drafter"] = clock.stop(tick)
+                times.add(item.times)
+                metrics.add(m, batch, shape.tokens)
+                total.add(m, batch, shape.tokens)
+                self.batches_seen.append((batch.epoch, batch.step))
                 step += 1
+                monitor.check(step, shape)
                 if step == 1 or step % every == 0 or step == self.total_steps:
                     rec = metrics.flush()  # the one host sync per interval
+                    rec.update(times.flush(clock))
                     first_loss = rec["loss"] if first_loss is None else first_loss
                     elapsed = time.perf_counter() - t0
                     rec.update(epoch=epoch, tokens_per_second=total.tokens / elapsed,
@@ -159,16 +198,20 @@ class Runner:
                     if self.topo.is_main:
                         logger.log(rec, step)
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_second']:.0f}",
-                                    eff=f"{rec['padding_efficiency']:.2f}")
+                                    eff=f"{rec['padding_efficiency']:.2f}",
+                                    tgt=f"{rec['time_target_ms']:.0f}ms",
+                                    dft=f"{rec['time_drafter_ms']:.0f}ms", slow=rec["bottleneck"])
                     last = rec
                 bar.update(1)
                 if step >= self.total_steps:
                     done = True
+                    items.close()  # stops the pipeline's threads
                     break
             if done:
                 break
         bar.close()
         seconds = time.perf_counter() - t0
+        digests = self.replica_digests()
         return {"steps": step, "samples_seen": total.samples,
                 "tokens_per_second": total.tokens / seconds,
                 "padded_tokens_per_second": total.padded / seconds,
@@ -176,11 +219,43 @@ class Runner:
                 "real_tokens": total.tokens, "padded_tokens": total.padded,
                 "initial_loss": first_loss, "final_loss": last.get("loss"),
                 "final_accept_est": last.get("accept_est"),
-                "warmup_shapes": [], "compiles_after_warmup": _compile_count() - compiles_before,
+                "warmup_shapes": [w.as_list() for w in self.shapes.warm],
+                **monitor.report(), "warmup": {**self.shapes.report(), **warmed},
                 "strategy": self.planner.strategy, "buckets": self.boundaries.tolist(),
                 "train_seconds": seconds, "epochs": int(cfg.epochs),
-                "world_size": self.topo.world_size, "data": self.sources.data.info,
+                "world_size": self.topo.world_size, "replica_digests": digests,
+                "batches_per_epoch": self.planner.epoch(0).num_batches,
+                "steps_per_epoch": self.steps_per_epoch, "pipeline_depth": int(cfg.pipeline.depth),
+                "stage_ms": {k: v for k, v in last.items() if k.startswith("time_")},
+                "data": self.sources.data.info,
                 "target_dir": self.sources.target_dir}
+
+    def replica_digests(self) -> list[str]:
+        """A digest of the drafter's weights from every rank: DDP replicas must be equal
+        bit for bit after the last step, or the run stops here saying so."""
+        import hashlib
+        h = hashlib.sha256()
+        for k, v in sorted(self.drafter.state_dict().items()):
+            h.update(k.encode())
+            h.update(v.detach().float().cpu().numpy().tobytes())
+        mine = h.hexdigest()[:16]
+        if not self.topo.distributed:
+            return [mine]
+        import torch.distributed as dist
+        every = [None] * self.topo.world_size
+        dist.all_gather_object(every, mine)
+        if len(set(every)) > 1:
+            raise RuntimeError(f"drafter replicas diverged across ranks: {every}")
+        return every
+
+    def warm(self) -> dict:
+        """Every warm shape through the real step, rank 0 first (it fills the caches)."""
+        if not self.shapes.warm:
+            return {"seconds": 0.0, "per_shape": []}
+        vocab = int(self.target.vocab_size)
+        return warm_ranks(self.topo, lambda: warm(
+            self.step, self.shapes.warm, vocab, self.topo.drafter_device,
+            progress=bool(self.cfg.logger.progress and self.topo.is_main)))
 
     def write_outputs(self, summary: dict, resolved: dict) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -192,10 +267,11 @@ class Runner:
         (self.out_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
 
 
-def _compile_count() -> int:
-    """Graphs dynamo has compiled so far in this process (0 when nothing is compiled)."""
-    from torch._dynamo.utils import counters
-    return int(counters["stats"].get("unique_graphs", 0))
+def _autotuners() -> list:
+    """Autotuned kernels already loaded (importing Triton just to count them is waste)."""
+    import sys
+    mod = sys.modules.get("dflash.kernels.ce_triton")
+    return mod.autotuners() if mod is not None else []
 
 
 def _finite(obj):

@@ -27,16 +27,24 @@ class DeviceBatch:
     ids: torch.Tensor  # [B, S] int64
     loss_mask: torch.Tensor  # [B, S] bool
     valid: torch.Tensor  # [B, S] bool
+    shape: object = None  # dflash.shapes.Shape the batch runs at (None: its natural shape)
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.ids.numel())
 
 
-def collate(dataset, batch, device, pad_to_multiple: int = 1) -> DeviceBatch:
-    """Right-padded tensors for a planned batch (padded length rounded up if asked)."""
-    seq = batch.seq_len
-    if pad_to_multiple > 1:
-        seq = -(-seq // pad_to_multiple) * pad_to_multiple
+def collate(dataset, batch, device, shape=None) -> DeviceBatch:
+    """Right-padded tensors for a planned batch, at its run shape when given: the length
+    padded up, and whole padding rows (nothing valid, nothing supervised) added."""
+    seq = batch.seq_len if shape is None else shape.seq_len
     ids, mask, valid = dataset.collate(batch.sample_ids, seq)
+    rows = batch.batch_size if shape is None else shape.batch_size
+    if rows > len(ids):
+        pad = ((0, rows - len(ids)), (0, 0))
+        ids, mask, valid = (np.pad(a, pad) for a in (ids, mask, valid))
     move = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
-    return DeviceBatch(batch, move(ids), move(mask), move(valid))
+    return DeviceBatch(batch, move(ids), move(mask), move(valid), shape)
 
 
 def autocast_for(device: torch.device, mode: str):
@@ -50,31 +58,59 @@ class TrainStep:
     def __init__(self, target, drafter, optimizer, scheduler, *, num_anchors: int,
                  gamma: float, grad_clip: float, loss_chunk: int = 1024,
                  loss_impl: str = "auto", autocast: str = "auto",
-                 generator: torch.Generator | None = None, module=None):
+                 generator: torch.Generator | None = None, module=None, local=None,
+                 log_grad_norm: bool = True):
         self.target, self.drafter = target, drafter
-        # `module` is what runs forward (a DDP wrapper); `drafter` owns the weights
-        self.module = module if module is not None else drafter
+        # `module` runs the training forward (a DDP wrapper of `local`); `local` is the
+        # same forward without DDP (compiled when `model.compile` is on), for warmup;
+        # `drafter` owns the weights
+        self.local = local if local is not None else drafter
+        self.module = module if module is not None else self.local
         self.optimizer, self.scheduler = optimizer, scheduler
         self.num_anchors, self.gamma, self.grad_clip = int(num_anchors), float(gamma), float(grad_clip)
         self.loss_chunk, self.loss_impl, self.autocast = int(loss_chunk), loss_impl, autocast
+        self.log_grad_norm = bool(log_grad_norm)
         self.device = next(drafter.parameters()).device
+        self.target_device = next(target.parameters()).device
         self.generator = generator or torch.Generator(device=self.device).manual_seed(0)
+        # the warm run draws its anchors from its own stream: training's stays untouched
+        self.warm_generator = torch.Generator(device=self.device).manual_seed(1)
 
     # ---- target stage --------------------------------------------------------------
     def context(self, b: DeviceBatch) -> torch.Tensor:
-        return self.target.context(b.ids, b.valid.long())
+        attn = b.valid.long()
+        # a padding row has no real token; letting it attend to its first position keeps
+        # the target's softmax defined (its context is never read: nothing valid there)
+        attn[:, 0] = 1
+        return self.target.context(b.ids, attn)
 
     # ---- drafter stage -------------------------------------------------------------
-    def drafter_step(self, b: DeviceBatch, ctx: torch.Tensor) -> dict:
-        self.module.train()
+    def _loss(self, module, b: DeviceBatch, ctx: torch.Tensor, generator):
+        module.train()
         with autocast_for(self.device, self.autocast):
-            out = drafter_loss(self.module, ctx, self.target.embed_tokens,
-                               self.target.lm_head_weight, b.ids, b.loss_mask, b.valid,
-                               self.num_anchors, self.gamma, self.generator,
-                               chunk=self.loss_chunk, impl=self.loss_impl)
+            return drafter_loss(module, ctx, self.target.embed_tokens,
+                                self.target.lm_head_weight, b.ids, b.loss_mask, b.valid,
+                                self.num_anchors, self.gamma, generator,
+                                chunk=self.loss_chunk, impl=self.loss_impl)
+
+    def warm_step(self, b: DeviceBatch, ctx: torch.Tensor) -> None:
+        """Forward and backward of the real step without the update (the bare drafter:
+        no DDP all-reduce, so ranks may warm at their own pace)."""
+        out = self._loss(self.local, b, ctx, self.warm_generator)
+        out.loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def drafter_step(self, b: DeviceBatch, ctx: torch.Tensor) -> dict:
+        out = self._loss(self.module, b, ctx, self.generator)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.grad_clip)
+        params = [p for p in self.drafter.parameters() if p.grad is not None]
+        if self.grad_clip > 0:  # the norm comes with the clip
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        elif self.log_grad_norm:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        else:  # no clip and not logged: skip a reduction over every parameter
+            grad_norm = torch.zeros((), device=self.device)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
@@ -100,12 +136,14 @@ class StepMetrics:
         self.samples = 0
         self.lr = 0.0
 
-    def add(self, m: dict, batch) -> None:
+    def add(self, m: dict, batch, padded_tokens: int | None = None) -> None:
+        """`padded_tokens`: the slots the step computed (its run shape), when not the
+        batch's natural shape."""
         vec = torch.cat([torch.stack([m["loss"], m["accept_est"], m["grad_norm"]]), m["acc"]])
         self.sums = vec if self.sums is None else self.sums + vec
         self.steps += 1
         self.tokens += int(batch.num_tokens)
-        self.padded += int(batch.padded_tokens)
+        self.padded += int(batch.padded_tokens if padded_tokens is None else padded_tokens)
         self.samples += batch.batch_size
         self.lr = float(m["lr"])
 

@@ -41,19 +41,41 @@ def resolve_device(kind: str) -> torch.device:
     return torch.device("cpu")
 
 
+def pair_devices(cfg, local: int, local_world: int, gpus: int) -> tuple[int, int]:
+    """GPU indices (target, drafter) of local rank `local`."""
+    t, d = list(cfg.target_devices), list(cfg.drafter_devices)
+    if len(t) != len(d):
+        raise DataError(f"topology {cfg.name}: target_devices {t} and drafter_devices {d} "
+                        "must list one GPU per pair each")
+    if not t:  # a GPU each when the node has enough, else the pair shares one
+        return (2 * local, 2 * local + 1) if 2 * local_world <= gpus else (local % gpus,) * 2
+    if local >= len(t):
+        raise DataError(f"topology {cfg.name}: local rank {local} has no pair in "
+                        f"target_devices {t} (start at most {len(t)} processes per node)")
+    bad = [g for g in (t[local], d[local]) if not 0 <= g < gpus]
+    if bad:
+        raise DataError(f"topology {cfg.name}: GPU {bad[0]} of pair {local} does not exist "
+                        f"({gpus} visible)")
+    return t[local], d[local]
+
+
 def build_topology(cfg) -> Topology:
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     local = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if int(cfg.dp_size) != world:
+        raise DataError(f"topology {cfg.name} plans for dp_size={cfg.dp_size} data-parallel "
+                        f"processes but {world} were started (torchrun --nproc_per_node x "
+                        f"nodes); start {cfg.dp_size} or set topology.dp_size={world}")
+    if cfg.expandable_segments and choice(cfg.device) != "cpu":
+        # before the first CUDA allocation; variable shapes otherwise fragment the cache
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     device = resolve_device(choice(cfg.device))
     drafter_device = device
-    if device.type == "cuda" and int(cfg.drafter_gpus) > 0:
-        # pairs: local ranks 0..P-1 own GPUs [2r, 2r+1]: target on the first, drafter on the second
-        n = torch.cuda.device_count()
-        if 2 * (local + 1) > n:
-            raise DataError(f"topology {cfg.name}: local rank {local} needs GPUs {2 * local} "
-                            f"and {2 * local + 1}, only {n} visible")
-        device, drafter_device = torch.device("cuda", 2 * local), torch.device("cuda", 2 * local + 1)
+    if device.type == "cuda" and (world > 1 or cfg.target_devices):
+        ti, di = pair_devices(cfg, local, local_world, torch.cuda.device_count())
+        device, drafter_device = torch.device("cuda", ti), torch.device("cuda", di)
     if world > 1 and not torch.distributed.is_initialized():
         backend = "nccl" if drafter_device.type == "cuda" else "gloo"
         if drafter_device.type == "cuda":

@@ -21,7 +21,7 @@ log = logging.getLogger("dflash.train")
 
 SHOWN = ("strategy", "steps", "samples_seen", "tokens_per_second", "padding_efficiency",
          "initial_loss", "final_loss", "initial_acceptance_length", "acceptance_length",
-         "wall_seconds")
+         "compiles_after_warmup", "wall_seconds")
 
 
 def format_summary(summary: dict) -> str:
@@ -29,6 +29,9 @@ def format_summary(summary: dict) -> str:
     for k in SHOWN:
         v = summary.get(k)
         rows.append(f"{k:>26}  {v:,.3f}" if isinstance(v, float) else f"{k:>26}  {v}")
+    if summary.get("warmup"):
+        from .shapes import format_shape_report
+        rows.append(format_shape_report(summary["warmup"]))
     return "\n".join(rows)
 
 

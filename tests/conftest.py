@@ -10,6 +10,15 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+# one small world for the whole session: its target is fitted once, then cached
+WORLD = ["data.num_samples=400", "data.target_fit_steps=350", "eval.num_prompts=6",
+         "eval.max_new_tokens=32"]
+
+
+@pytest.fixture(scope="session")
+def world_cache(tmp_path_factory):
+    """Shared data cache: the fitted world target, and the compile caches warmup uses."""
+    return tmp_path_factory.mktemp("world-cache")
 
 
 def run_module(module, *args, check=True):

@@ -44,3 +44,21 @@ def test_auto_uses_torch_on_cpu():
     from dflash.kernels.lm_head_loss import resolve_impl
     assert resolve_impl("auto", torch.device("cpu")) == "torch"
     assert resolve_impl("auto", torch.device("cuda")) == "triton"
+
+
+def test_first_autotuned_call_is_exact():
+    """The call that tunes benchmarks every config on the logits it overwrites: each
+    config must see the original logits again, or the first call per vocabulary size
+    returns wrong losses and gradients."""
+    from dflash.kernels.ce_triton import _ce_kernel
+    assert len(_ce_kernel.configs) >= 2  # the interpreter walks the real tuning path
+    v = 211  # a vocabulary size no other test uses: this call is the tuning one
+    assert not any(v in k for k in _ce_kernel.cache)
+    hidden, weight, target, weights = _case(9, 8, v, seed=3)
+    ref_loss, ref_rows, _ = naive_lm_head_ce(hidden, weight, target, weights)
+    (ref_grad,) = torch.autograd.grad(ref_loss, hidden)
+    loss, rows, _ = fused_lm_head_ce(hidden, weight, target, weights, chunk=9, impl="triton")
+    (grad,) = torch.autograd.grad(loss, hidden)
+    assert any(v in k for k in _ce_kernel.cache)  # it did tune
+    torch.testing.assert_close(rows, ref_rows, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-6)

@@ -6,21 +6,18 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import dflash.config  # noqa: F401
-from conftest import REPO, run_module
+from conftest import REPO, WORLD, run_module
 from dflash.model.checkpoint import load_drafter
 
 SUMMARY_KEYS = {"steps", "samples_seen", "tokens_per_second", "padded_tokens_per_second",
                 "padding_efficiency", "initial_loss", "final_loss", "initial_acceptance_length",
                 "acceptance_length", "warmup_shapes", "compiles_after_warmup", "strategy",
                 "wall_seconds"}
-# one small world for the whole module: its target is fitted once, then cached
-WORLD = ["data.num_samples=400", "data.target_fit_steps=350", "eval.num_prompts=6",
-         "eval.max_new_tokens=32"]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("world-cache")
+@pytest.fixture
+def cache(world_cache):
+    return world_cache
 
 
 def test_train_entry_point_end_to_end(tmp_path, cache):

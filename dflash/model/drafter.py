@@ -148,25 +148,64 @@ def block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, ctx_valid: tor
     return torch.cat([ctx_part, blk_part], dim=2)
 
 
-def flex_block_mask(anchors, anchor_valid, ctx_valid, block_size):
-    """The same visibility as `block_mask`, as a flex_attention BlockMask: with
-    A=512 anchors and 3K context per sequence the dense mask alone is ~92M entries;
-    the block mask keeps only which 128x128 tiles are visible."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
+def _tile_counts(anchors, anchor_valid, ctx_valid, block_size, tile):
+    """Visible keys per (query block, key tile): [B, A, KV tiles], and each tile's width."""
     b, a = anchors.shape
     s = ctx_valid.shape[1]
+    kv_len = s + a * block_size
+    n_kv = -(-kv_len // tile)
+    dev = anchors.device
+    lo = torch.arange(n_kv, device=dev) * tile
+    hi = torch.clamp(lo + tile, max=kv_len)
+    # context keys: valid positions p < anchor, counted from a prefix sum of ctx_valid
+    prefix = torch.zeros(b, s + 1, dtype=torch.int64, device=dev)
+    prefix[:, 1:] = ctx_valid.long().cumsum(1)
+    cut = anchors.clamp(max=s)[:, :, None]  # [B, A, 1]
+    upto = lambda x: torch.gather(prefix, 1, torch.minimum(cut, x.clamp(max=s)[None, None]  # noqa: E731
+                                                           .expand(b, a, n_kv)).flatten(1)).view(b, a, n_kv)
+    ctx = (upto(hi) - upto(lo)) * anchor_valid[:, :, None]
+    # own-block keys: [s + j*bs, s + (j+1)*bs) overlapped with each tile
+    start = s + torch.arange(a, device=dev)[:, None] * block_size
+    own = (torch.minimum(start + block_size, hi[None]) - torch.maximum(start, lo[None])).clamp(min=0)
+    return ctx + own[None], hi - lo
+
+
+def flex_block_mask(anchors, anchor_valid, ctx_valid, block_size, tile: int = 128):
+    """The same visibility as `block_mask`, as a flex_attention BlockMask built from tile
+    counts: nothing of size [Q, KV] is ever made (an uncompiled `create_block_mask`
+    evaluates the dense mask: +1 GB at 512 anchors x 3K context), and tiles whose every
+    entry is visible are marked full so the kernel skips the mask there."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if tile % block_size:
+        raise ValueError(f"flex tile {tile} must be a multiple of the block size {block_size}")
+    b, a = anchors.shape
+    s = ctx_valid.shape[1]
+    q_len, kv_len = a * block_size, s + a * block_size
+    per_tile = tile // block_size
+    n_q = -(-a // per_tile)
+    counts, width = _tile_counts(anchors, anchor_valid, ctx_valid, block_size, tile)
+    pad = n_q * per_tile - a  # blocks past the last query row: they make a tile partial
+    counts = torch.nn.functional.pad(counts, (0, 0, 0, pad), value=-1)
+    counts = counts.view(b, n_q, per_tile, -1)
+    full = (counts == width).all(2)  # [B, Qt, KVt]
+    part = (counts > 0).any(2) & ~full
+
+    def lists(m):  # tile indices, listed ones first (ascending), and their count
+        idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return m.sum(-1, dtype=torch.int32)[:, None], idx[:, None]
 
     def mask_mod(bi, _h, q_idx, kv_idx):
-        blk = q_idx // block_size
+        blk = (q_idx // block_size).clamp(max=a - 1)
         is_ctx = kv_idx < s
         ctx_ok = (is_ctx & (kv_idx < anchors[bi, blk]) & anchor_valid[bi, blk]
                   & ctx_valid[bi, kv_idx.clamp(max=s - 1)])
         same_blk = ~is_ctx & ((kv_idx - s) // block_size == blk)
         return ctx_ok | same_blk
 
-    return create_block_mask(mask_mod, b, None, a * block_size, s + a * block_size,
-                             device=anchors.device)
+    (kv_num, kv_idx), (full_num, full_idx) = lists(part), lists(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=tile,
+                                    mask_mod=mask_mod, seq_lengths=(q_len, kv_len))
 
 
 _FLEX = {}
@@ -174,14 +213,17 @@ _FLEX = {}
 
 def flex_attention_fn(device: torch.device):
     """Compiled flex_attention on GPU (fused kernel); eager on CPU, where it is only
-    used to check the mask against the dense SDPA path."""
+    used to check the mask against the dense SDPA path. Inside a compiled drafter
+    (`model.compile`) the plain op is returned: dynamo captures it in the graph."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    if device.type != "cuda":
+    if device.type != "cuda" or torch.compiler.is_compiling():
         import warnings
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         return flex_attention
     if "cuda" not in _FLEX:
+        # static shapes: the shape set is closed and warmed (dflash.shapes), and
+        # dflash.warmup raises dynamo's recompile limit to its size
         _FLEX["cuda"] = torch.compile(flex_attention, dynamic=False)
     return _FLEX["cuda"]
 

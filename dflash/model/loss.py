@@ -87,7 +87,7 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
                  num_anchors: int, gamma: float, generator=None, chunk: int = 1024,
                  impl: str = "auto", anchors=None) -> LossOutput:
     """`anchors` (a pair from `sample_anchors`) may be given to reuse a draw."""
-    spec = drafter.spec
+    spec = getattr(drafter, "module", drafter).spec  # through a DDP wrapper too
     bs = spec.block_size
     if anchors is None:
         anchors = sample_anchors(loss_mask, valid, num_anchors, generator)

@@ -1,0 +1,76 @@
+"""Step time of the real training loop, sequential (`pipeline.depth=0`) vs pipelined.
+
+    python benchmarks/bench_pipeline.py [--steps 60] [--json out.json] [override ...]
+
+Both stages are the runner's own: the frozen target's forward and the drafter step
+(forward, backward, AdamW) on synthetic data. On the CPU each stage gets one core
+(`torch.set_num_threads(1)`), as on GPU each gets its own device; sequential then leaves
+one core idle, and the pipeline's floor is the slower stage's time (0.5x when balanced).
+Two settings: model sizes chosen so the stages take about the same time, and a target
+three times as deep (the step should approach the target's own time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+import dflash.config  # noqa: E402,F401
+from dflash.loggers import Logger  # noqa: E402
+from dflash.runner import Runner  # noqa: E402
+
+CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
+BASE = ["data=synthetic", "data.num_samples=3000", "eval.enabled=false", "logger.progress=false",
+        "batching=sorted", "epochs=1", "model.target.hidden_size=128",
+        "model.target.intermediate_size=384", "model.target.num_attention_heads=4",
+        "model.drafter.num_layers=2", "model.drafter.num_anchors=48", "logger.log_every=1000"]
+SETTINGS = {"balanced": ["model.target.num_hidden_layers=7"],
+            "slow_target": ["model.target.num_hidden_layers=19"]}
+
+
+def run(depth: int, steps: int, overrides) -> dict:
+    with initialize_config_dir(config_dir=os.path.abspath(CONF), version_base="1.3"):
+        cfg = compose("train", [*BASE, *overrides, f"pipeline.depth={depth}",
+                                f"optim.max_steps={steps}"])
+    s = Runner(cfg, "/tmp/dflash-bench-pipeline").build().train(Logger())
+    st = s["stage_ms"]  # the last interval's means: the whole run here (log_every > steps)
+    return {"step_s": s["train_seconds"] / s["steps"], "target_s": st["time_target_ms"] / 1000,
+            "drafter_s": st["time_drafter_ms"] / 1000, "drafter_wait_s": st["time_drafter_wait_ms"] / 1000}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--json")
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    out = {}
+    print(f"{'setting':>12} {'mode':>10} {'step s':>8} {'target s':>9} {'drafter s':>10} {'ratio':>6}")
+    for name, extra in SETTINGS.items():
+        seq = run(0, a.steps, [*extra, *a.overrides])
+        pipe = run(a.depth, a.steps, [*extra, *a.overrides])
+        ratio = pipe["step_s"] / seq["step_s"]
+        for mode, r in (("sequential", seq), ("pipelined", pipe)):
+            print(f"{name:>12} {mode:>10} {r['step_s']:>8.4f} {r['target_s']:>9.4f} "
+                  f"{r['drafter_s']:>10.4f} {ratio if mode == 'pipelined' else 1.0:>6.2f}")
+        out[name] = {"sequential": seq, "pipelined": pipe, "ratio": ratio}
+    result = {"sequential_step_s": out["balanced"]["sequential"]["step_s"],
+              "pipelined_step_s": out["balanced"]["pipelined"]["step_s"],
+              "ratio": out["balanced"]["ratio"], "settings": out, "steps": a.steps,
+              "depth": a.depth, "threads_per_stage": 1}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

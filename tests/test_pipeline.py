@@ -1,0 +1,121 @@
+"""The target -> drafter pipeline and the multi-process `pairs` topology."""
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import dflash.config  # noqa: F401
+from conftest import REPO, WORLD
+from dflash.loggers import Logger
+
+
+def _runner(cache, out, overrides):
+    from dflash.runner import Runner
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", [*WORLD, f"data.cache_dir={cache}", "logger.progress=false",
+                                "eval.enabled=false", *overrides])
+    return Runner(cfg, out).build()
+
+
+def _pipeline_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("dflash-")]
+
+
+def _weights(r):
+    return {k: v.detach().clone() for k, v in r.drafter.state_dict().items()}
+
+
+def test_pipelined_training_equals_sequential(tmp_path, world_cache):
+    """Same batches, same order, same final weights, whatever the queue depth; a run
+    stopped mid-epoch (max_steps) leaves no pipeline thread behind."""
+    runs = {}
+    for depth in (0, 1, 3):
+        r = _runner(world_cache, tmp_path / str(depth), [f"pipeline.depth={depth}", "epochs=2",
+                                                          "optim.max_steps=40"])
+        summary = r.train(Logger())
+        runs[depth] = (r.batches_seen, _weights(r), summary)
+        assert _pipeline_threads() == []
+    seen0, w0, s0 = runs[0]
+    assert len(seen0) == 40 and seen0[-1][0] == 1  # into the second epoch, stopped inside it
+    for depth in (1, 3):
+        seen, w, s = runs[depth]
+        assert seen == seen0
+        assert all(torch.equal(w[k], w0[k]) for k in w0)
+        assert s["final_loss"] == s0["final_loss"]
+    stages = runs[3][2]["stage_ms"]
+    assert {"time_target_ms", "time_drafter_ms", "time_drafter_wait_ms", "time_target_wait_ms",
+            "time_data_wait_ms"} <= set(stages)
+    assert stages["time_target_ms"] > 0 and stages["time_drafter_ms"] > 0
+
+
+def test_a_failing_stage_stops_the_run_with_its_error(tmp_path, world_cache):
+    from dflash.errors import DataError
+    r = _runner(world_cache, tmp_path, ["pipeline.depth=2", "epochs=1"])
+    real = r.dataset.collate
+    calls = []
+
+    def broken(ids, seq_len):
+        calls.append(1)
+        if len(calls) == 3:
+            raise DataError("sample 7: corrupt on disk (test)")
+        return real(ids, seq_len)
+
+    r.dataset.collate = broken
+    with pytest.raises(DataError, match="sample 7: corrupt"):
+        r.train(Logger())
+    assert _pipeline_threads() == []
+
+
+def test_metrics_log_stage_timings(tmp_path, world_cache):
+    from dflash.loggers import JsonlLogger
+    r = _runner(world_cache, tmp_path, ["pipeline.depth=2", "epochs=1", "optim.max_steps=6",
+                                        "logger.log_every=3"])
+    logger = JsonlLogger(tmp_path / "metrics.jsonl")
+    r.train(logger)
+    logger.finish()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows and all(r_["bottleneck"] in ("target", "drafter") for r_ in rows)
+    assert all(r_["time_target_ms"] > 0 and "time_drafter_wait_ms" in r_ for r_ in rows)
+
+
+def test_two_gloo_ranks_through_torchrun(tmp_path, world_cache):
+    """topology=pairs on CPU: 2 processes, a batch count that 2 does not divide, no hang,
+    and both replicas end with the same weights."""
+    args = [*WORLD, f"data.cache_dir={world_cache}", "logger.progress=false",
+            "eval.enabled=false", "epochs=1", "topology=pairs"]
+    # pick a batch budget whose plan has an odd number of batches
+    from omegaconf import OmegaConf
+    from dflash.batching.strategies import build_planner
+    r = _runner(world_cache, tmp_path / "probe", ["epochs=1"])
+    for budget in range(4096, 2048, -64):
+        b = OmegaConf.merge(r.cfg.batching, {"token_budget": budget})
+        if build_planner(b, r.sources.data.lengths, r.boundaries, 0).epoch(0).num_batches % 2:
+            break
+    else:
+        raise AssertionError("no budget gives an odd batch count")
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+         "-m", "dflash.train", *args, f"batching.token_budget={budget}", f"hydra.run.dir={run}"],
+        cwd=REPO, env=env, text=True, capture_output=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["batches_per_epoch"] % 2 == 1
+    assert summary["steps"] == summary["steps_per_epoch"] == (summary["batches_per_epoch"] + 1) // 2
+    digests = summary["replica_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+
+
+def test_wrong_process_count_is_refused(world_cache):
+    from dflash.errors import DataError
+    from dflash.topology import build_topology
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", ["topology=8gpu"])
+    with pytest.raises(DataError, match="dp_size=4 data-parallel processes but 1 were started"):
+        build_topology(cfg.topology)
