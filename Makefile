@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test plan bench clean
+.PHONY: train test plan bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_buckets.py
 	$(PY) benchmarks/bench_loss.py
 	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/bench_pipeline.py
+	$(PY) benchmarks/bench_block_mask.py
+
+gpu-check: $(STAMP)
+	bash benchmarks/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) outputs

@@ -26,12 +26,13 @@ from dflash.loggers import Logger  # noqa: E402
 from dflash.runner import Runner  # noqa: E402
 
 CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
-BASE = ["data=synthetic", "data.num_samples=3000", "eval.enabled=false", "logger.progress=false",
-        "batching=sorted", "epochs=1", "model.target.hidden_size=128",
-        "model.target.intermediate_size=384", "model.target.num_attention_heads=4",
-        "model.drafter.num_layers=2", "model.drafter.num_anchors=48", "logger.log_every=1000"]
-SETTINGS = {"balanced": ["model.target.num_hidden_layers=7"],
-            "slow_target": ["model.target.num_hidden_layers=19"]}
+BASE = ["data=synthetic", "data.num_samples=1000", "eval.enabled=false", "logger.progress=false",
+        "batching=sorted", "epochs=1", "warmup=none", "model.target.hidden_size=256",
+        "model.target.intermediate_size=768", "model.target.num_attention_heads=4",
+        "model.drafter.num_layers=1", "model.drafter.num_anchors=16", "logger.log_every=1000"]
+# the target runs up to its layer L-3 (the last one the drafter reads)
+SETTINGS = {"balanced": ["model.target.num_hidden_layers=10"],
+            "slow_target": ["model.target.num_hidden_layers=26"]}
 
 
 def run(depth: int, steps: int, overrides) -> dict:
@@ -46,7 +47,7 @@ def run(depth: int, steps: int, overrides) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--json")
     ap.add_argument("overrides", nargs="*")

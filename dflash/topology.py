@@ -59,7 +59,21 @@ def pair_devices(cfg, local: int, local_world: int, gpus: int) -> tuple[int, int
     return t[local], d[local]
 
 
+def _from_submitit() -> None:
+    """Under `hydra/launcher=submitit_slurm` each SLURM task runs the app without torchrun:
+    take rank, world size and the rendezvous address from the job's environment."""
+    if "WORLD_SIZE" in os.environ or "SUBMITIT_EXECUTOR" not in os.environ:
+        return
+    try:
+        from submitit.helpers import TorchDistributedEnvironment
+    except ImportError as exc:
+        raise DataError("a submitit job without torchrun needs submitit "
+                        "(pip install -e '.[slurm]')") from exc
+    TorchDistributedEnvironment().export()
+
+
 def build_topology(cfg) -> Topology:
+    _from_submitit()
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     local = int(os.environ.get("LOCAL_RANK", 0))

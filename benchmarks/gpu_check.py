@@ -1,0 +1,204 @@
+"""Every GPU-only path of dflash, one line per check: PASS / FAIL / SKIP name: detail.
+
+    bash benchmarks/gpu_check.sh              # on a machine with a GPU (<= 8 minutes)
+    python benchmarks/gpu_check.py --device cpu   # dry run of what the CPU can run
+
+Checks: Triton loss kernel with all its autotune configs (first, tuning call) against the
+torch reference; flex attention forward and backward with the tile-built block mask
+against dense SDPA; bf16 autocast drafter loss against fp32; the pipeline on CUDA
+streams against the sequential loop; training with `model.compile=static|dynamic`
+after warmup (no compile after step 1); NCCL `pairs` through torchrun when 2+ GPUs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+if "cpu" in sys.argv:  # the dry run: Triton's interpreter instead of a GPU driver
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+
+RESULTS = []
+TINY = ["data=synthetic", "data.num_samples=300", "eval.enabled=false", "logger.progress=false",
+        "epochs=1", "optim.max_steps=12"]
+
+
+def check(name):
+    def wrap(fn):
+        def run(*a):
+            t0 = time.perf_counter()
+            try:
+                detail = fn(*a)
+                status = "PASS"
+                if detail.startswith("skip"):
+                    status, detail = "SKIP", detail[len("skip"):].lstrip(": ")
+            except Exception as exc:  # noqa: BLE001  (one line per check, whatever fails)
+                status, detail = "FAIL", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                traceback.print_exc(file=sys.stderr)
+            line = f"{status} {name}: {detail} ({time.perf_counter() - t0:.1f}s)"
+            RESULTS.append(line)
+            print(line, flush=True)
+        return run
+    return wrap
+
+
+def _runner(overrides, out):
+    from hydra import compose, initialize_config_dir
+    import dflash.config  # noqa: F401
+    from dflash.runner import Runner
+    with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
+        topo = ["topology=single_gpu"] if torch.cuda.is_available() else []
+        cfg = compose("train", [*TINY, *topo, *overrides])
+    return Runner(cfg, out).build()
+
+
+@check("triton_ce_autotune")
+def triton_ce(dev):
+    from dflash.kernels import fused_lm_head_ce, naive_lm_head_ce
+    from dflash.kernels.ce_triton import _ce_kernel
+    worst = 0.0
+    sizes = (151_936, 32_000, 997) if dev.type == "cuda" else (997,)
+    for v in sizes:  # each size: its first call is the tuning one
+        g = torch.Generator(device=dev).manual_seed(v)
+        h = torch.randn(300, 64, device=dev, generator=g, requires_grad=True)
+        w = torch.randn(v, 64, device=dev, generator=g) * 0.1
+        y = torch.randint(0, v, (300,), device=dev, generator=g)
+        wt = torch.rand(300, device=dev, generator=g)
+        ref, _, _ = naive_lm_head_ce(h, w, y, wt)
+        (rg,) = torch.autograd.grad(ref, h)
+        loss, _, _ = fused_lm_head_ce(h, w, y, wt, chunk=128, impl="triton")
+        (gr,) = torch.autograd.grad(loss, h)
+        torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(gr, rg, rtol=1e-3, atol=1e-5)
+        worst = max(worst, float((gr - rg).abs().max()))
+    return f"{len(_ce_kernel.configs)} configs, first calls exact (max grad err {worst:.1e})"
+
+
+@check("flex_attention_fwd_bwd")
+def flex(dev):
+    from dflash.model.drafter import block_mask, flex_attention_fn, flex_block_mask
+    g = torch.Generator(device=dev).manual_seed(0)
+    b, s, a, bs = 2, 700, 40, 16
+    anchors = torch.sort(torch.randint(0, s, (b, a), device=dev, generator=g), 1).values
+    ok = torch.rand(b, a, device=dev, generator=g) > 0.1
+    valid = torch.ones(b, s, dtype=torch.bool, device=dev)
+    valid[1, 500:] = False
+    dense = block_mask(anchors, ok, valid, bs)
+    bm = flex_block_mask(anchors, ok, valid, bs)
+    grad = dev.type == "cuda"  # no flex backward on the CPU
+    q = torch.randn(b, 8, a * bs, 64, device=dev, generator=g, requires_grad=grad)
+    k = torch.randn(b, 2, s + a * bs, 64, device=dev, generator=g, requires_grad=grad)
+    v = torch.randn(b, 2, s + a * bs, 64, device=dev, generator=g, requires_grad=grad)
+    out = flex_attention_fn(q.device)(q, k, v, block_mask=bm, enable_gqa=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), attn_mask=dense[:, None])
+    torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+    if dev.type != "cuda":
+        return "skip: backward needs CUDA (the forward matched dense SDPA)"
+    go = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), go)
+    refs = torch.autograd.grad(ref, (q, k, v), go)
+    for x, y in zip(grads, refs):
+        torch.testing.assert_close(x, y, rtol=5e-3, atol=5e-3)
+    return f"forward + backward match dense SDPA ({a} anchors x {s} context)"
+
+
+@check("bf16_autocast")
+def bf16(dev):
+    if dev.type != "cuda":
+        return "skip: bf16 autocast is the CUDA path"
+    from dflash.step import collate
+    r = _runner(["model.autocast=bf16"], tempfile.mkdtemp())
+    r32 = _runner(["model.autocast=off"], tempfile.mkdtemp())
+    batch = r.shard(0)[0]
+    m = r.step(collate(r.dataset, batch, dev))
+    m32 = r32.step(collate(r32.dataset, batch, dev))
+    a, b_ = float(m["loss"]), float(m32["loss"])
+    assert abs(a - b_) / b_ < 0.02, (a, b_)
+    assert r.drafter.fc.weight.dtype == torch.float32
+    return f"bf16 loss {a:.4f} vs fp32 {b_:.4f}, fp32 master weights"
+
+
+@check("pipeline_cuda_streams")
+def pipeline(dev):
+    from dflash.loggers import Logger
+    out = {}
+    for depth in (0, 2):
+        r = _runner([f"pipeline.depth={depth}", "optim.max_steps=20"], tempfile.mkdtemp())
+        s = r.train(Logger())
+        out[depth] = (r.batches_seen, s["final_loss"], s["train_seconds"] / s["steps"], s["stage_ms"])
+    assert out[0][0] == out[2][0], "batch order differs"
+    rel = abs(out[0][1] - out[2][1]) / abs(out[0][1])
+    assert rel < 1e-3, (out[0][1], out[2][1])
+    st = out[2][3]
+    return (f"same batches, loss {out[2][1]:.4f} vs {out[0][1]:.4f}; step {out[0][2]*1e3:.1f} -> "
+            f"{out[2][2]*1e3:.1f} ms (target {st['time_target_ms']:.1f}, drafter "
+            f"{st['time_drafter_ms']:.1f} ms)")
+
+
+def _compiled(dev, mode):
+    if dev.type != "cuda":
+        return "skip: the compiled flex path needs CUDA (tests cover static on CPU with SDPA)"
+    from dflash.loggers import Logger
+    r = _runner([f"model.compile={mode}", "model.attention=flex", "warmup=all",
+                 "warmup.pad_to_multiple=64", "optim.max_steps=30"], tempfile.mkdtemp())
+    s = r.train(Logger())
+    assert s["compiles_after_warmup"] == 0, s["compile_events"]
+    w = s["warmup"]
+    return (f"{w['num_warm_shapes']} shapes warmed in {w['seconds']:.0f}s, 0 compiles after "
+            f"warmup, peak {w.get('peak_memory_mb', 0):.0f} MB, {s['tokens_per_second']:.0f} tok/s")
+
+
+@check("compile_static_flex")
+def compiled_static(dev):
+    return _compiled(dev, "static")
+
+
+@check("compile_dynamic_flex")
+def compiled_dynamic(dev):
+    return _compiled(dev, "dynamic")
+
+
+@check("nccl_pairs_torchrun")
+def nccl(dev):
+    n = torch.cuda.device_count() if dev.type == "cuda" else 0
+    if n < 2:
+        return f"skip: {n} GPU(s) visible, NCCL pairs need 2+"
+    run = tempfile.mkdtemp()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "dflash.train",
+         *TINY, "topology=pairs", f"hydra.run.dir={run}"], cwd=REPO, text=True,
+        capture_output=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    s = json.load(open(os.path.join(run, "summary.json")))
+    assert len(set(s["replica_digests"])) == 1
+    return f"2 ranks, {s['steps']} steps each, replicas identical ({s['replica_digests'][0]})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(ap.parse_args().device)
+    if dev.type == "cuda":
+        print(f"device: {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, "
+              f"{torch.cuda.device_count()} GPU(s)", flush=True)
+    for fn in (triton_ce, flex, bf16, pipeline, compiled_static, compiled_dynamic, nccl):
+        fn(dev)
+    failed = [r for r in RESULTS if r.startswith("FAIL")]
+    print(f"{len(RESULTS) - len(failed)}/{len(RESULTS)} checks without failure")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
