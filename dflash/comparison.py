@@ -114,11 +114,17 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def job_summaries(sweep_dir: Path) -> list[tuple[str, dict]]:
-    """(run name, summary) of every finished job under the sweep dir, in job order."""
+    """(label, summary) of every finished job under the sweep dir, in job order; a
+    label is the overrides that differ between the jobs (what the sweep varied)."""
+    paths = sorted(Path(sweep_dir).glob("*/summary.json"), key=lambda p: _job_num(p.parent.name))
+    sums = [json.loads(p.read_text()) for p in paths]
+    split = [dict(o.split("=", 1) for o in s.get("overrides", []) if "=" in o) for s in sums]
+    keys = sorted({k for d in split for k in d})
+    varied = [k for k in keys if len({d.get(k) for d in split}) > 1]
     out = []
-    for p in sorted(Path(sweep_dir).glob("*/summary.json"), key=lambda p: _job_num(p.parent.name)):
-        s = json.loads(p.read_text())
-        out.append((s.get("run_name") or p.parent.name, s))
+    for p, s, d in zip(paths, sums, split):
+        label = ",".join(f"{k}={d[k]}" for k in varied if k in d)
+        out.append((label or s.get("run_name") or p.parent.name, s))
     return out
 
 

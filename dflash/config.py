@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 
 class Choice(str, Enum):
@@ -189,6 +190,9 @@ class OptimConfig:
     beta2: float = 0.95
     min_lr_ratio: float = 0.0
     max_steps: int = -1  # > 0: stop after this many steps (the schedule spans them)
+    # > 0: stop once this many real tokens were trained on (the schedule spans the steps
+    # that takes): strategies compared on equal data
+    max_tokens: int = -1
 
 
 @dataclass
@@ -201,6 +205,7 @@ class EvalConfig:
     temperature: float = 0.0
     batch_size: int = 16
     seed: int = 0
+    every_steps: int = 0  # > 0: also measure during training (eval_curve in summary.json)
 
 
 @dataclass
@@ -281,7 +286,20 @@ _GROUPS = {
 }
 
 
+def safe_dirname(overrides: str, limit: int = 80) -> str:
+    """A sweep job's directory name from its overrides: no path separators (they would
+    nest directories) and never longer than `limit` (a 55-value list otherwise fails
+    with "File name too long"); a cut name keeps a hash of the whole."""
+    import hashlib
+    name = "".join(c if c.isalnum() or c in "=,.-_+" else "_" for c in str(overrides)) or "run"
+    if len(name) > limit:
+        name = name[: limit - 9] + "-" + hashlib.sha1(str(overrides).encode()).hexdigest()[:8]
+    return name
+
+
 def register() -> None:
+    if not OmegaConf.has_resolver("dflash_dirname"):
+        OmegaConf.register_new_resolver("dflash_dirname", safe_dirname)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="plan_schema", node=PlanConfig)

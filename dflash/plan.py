@@ -2,7 +2,7 @@
 
     python -m dflash.plan lengths_file=F.npy batching=bucketed buckets=seed6 epochs=2 \
         seed=0 report=R.json dump=DIR
-    python -m dflash.plan experiment=compare_batching --multirun \
+    python -m dflash.plan --multirun experiment=compare_batching report=cmp.json \
         batching=sorted,random,bucketed,megabatch
 
 `report` holds a JSON list with one object per strategy run; a run replaces the entry
@@ -29,7 +29,18 @@ from .shapes import build_shape_plan, format_shape_report
 log = logging.getLogger("dflash.plan")
 
 _IDENTITY = ("strategy", "boundaries", "token_budget", "max_batch_size", "sort_window",
-             "seed", "epochs", "num_samples")
+             "seed", "epochs", "num_samples", "settings")
+
+
+def run_settings(cfg: DictConfig) -> dict:
+    """Everything that decides a plan: two runs replace each other in a report only when
+    all of it agrees (topology, remainder, balancing, data source and path included)."""
+    b, d = cfg.batching, cfg.data
+    return {"dp_size": int(cfg.topology.dp_size), "remainder": choice(b.remainder),
+            "balance_steps": bool(b.balance_steps), "attention_cost": float(b.attention_cost),
+            "data_source": choice(d.source), "data_path": d.path, "lengths_file": cfg.lengths_file,
+            "data_seed": int(d.seed), "length_scale": float(d.length_scale),
+            "max_seq_len": int(d.max_seq_len), "overlong": choice(d.overlong)}
 
 
 def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
@@ -43,6 +54,7 @@ def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
                          original_ids=data.original_ids)
     report["buckets_preset"] = cfg.buckets.name
     report["data"] = data.info
+    report["settings"] = run_settings(cfg)
     # the closed shape set training would warm for these plans (`warmup=...`)
     report["warmup"] = build_shape_plan([planner.epoch(e) for e in range(int(cfg.epochs))],
                                         cfg.warmup, int(cfg.anchors)).report()

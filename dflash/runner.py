@@ -22,6 +22,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -67,6 +68,8 @@ class Runner:
         total = self.steps_per_epoch * int(cfg.epochs)
         if int(cfg.optim.max_steps) > 0:
             total = min(total, int(cfg.optim.max_steps)) if cfg.epochs > 0 else int(cfg.optim.max_steps)
+        if int(cfg.optim.max_tokens) > 0:
+            total = min(total, self.steps_for_tokens(int(cfg.optim.max_tokens), total))
         if total < 1:
             raise ValueError(f"nothing to train: epochs={cfg.epochs}, "
                              f"{self.steps_per_epoch} steps per epoch")
@@ -92,6 +95,36 @@ class Runner:
             generator=seeded_generator(self.topo.drafter_device, int(cfg.seed), self.topo.rank),
             module=module, local=local, log_grad_norm=bool(cfg.logger.grad_norm))
         return self
+
+    def steps_for_tokens(self, budget: int, limit: int) -> int:
+        """Steps until every rank together has trained on `budget` real tokens, from the
+        full epoch plans (the same on every rank, so all ranks stop at the same step)."""
+        world, steps, seen, epoch = self.topo.world_size, 0, 0, 0
+        while steps < limit:
+            plan = self.planner.epoch(epoch)
+            cum = seen + np.cumsum(plan.num_tokens, dtype=np.int64)
+            if cum[-1] >= budget:
+                k = int(np.searchsorted(cum, budget)) + 1  # batches needed
+                return min(limit, steps + -(-k // world))
+            seen, steps, epoch = int(cum[-1]), steps + self.shard(epoch).num_batches, epoch + 1
+        return limit
+
+    def plan_quality(self) -> dict:
+        """Diversity of the run's plans: pair repeat rate (epoch 0 -> 1) and length mixing."""
+        from .batching.metrics import length_mixing, pair_repeat_rate
+        lengths = self.sources.data.lengths
+        e0, e1 = self.planner.epoch(0), self.planner.epoch(1)
+        return {"pair_repeat_rate": pair_repeat_rate(e0, e1, len(lengths)),
+                "length_mixing": length_mixing(e0, lengths),
+                "plan_padding_efficiency": e0.padding_efficiency}
+
+    def plan_info(self) -> dict:
+        """What the logger shows once: per-bucket table, lengths and boundaries, shapes."""
+        from .batching.metrics import bucket_table
+        return {"buckets": bucket_table(self.planner.epoch(0), self.boundaries),
+                "boundaries": self.boundaries.tolist(), "lengths": self.sources.data.lengths,
+                **self.plan_quality(), "steps_per_epoch": self.steps_per_epoch,
+                "total_steps": self.total_steps, "shapes": self.shapes.report()}
 
     def compiled(self, drafter):
         """`model.compile`: the training forward compiled (block mask included); the
@@ -134,10 +167,15 @@ class Runner:
         cfg, topo = self.cfg, self.topo
         t_start = time.time()
         resolved = OmegaConf.to_container(cfg, resolve=True)
-        logger = build_logger(cfg.logger, self.out_dir, resolved, topo.rank)
+        names = run_names(cfg.logger)
+        logger = build_logger(cfg.logger, self.out_dir, resolved, topo.rank,
+                              run_name=names["run_name"], group=names["group"])
         failed = True
         try:
             before = self.evaluate() if topo.is_main else {}
+            if topo.is_main:
+                logger.log_plan(self.plan_info())
+                logger.log_eval(before, 0)
             summary = self.train(logger)
             after = self.evaluate() if topo.is_main else {}
             summary.update({
@@ -147,8 +185,11 @@ class Runner:
                          "num_prompts": len(self.sources.eval_prompts),
                          "max_new_tokens": int(cfg.eval.max_new_tokens),
                          "temperature": float(cfg.eval.temperature)},
+                **self.plan_quality(), "run_name": names["run_name"], "group": names["group"],
+                "overrides": names["overrides"],
                 "wall_seconds": time.time() - t_start})
             if topo.is_main:
+                logger.log_eval(after, summary["steps"])
                 self.write_outputs(summary, resolved)
                 logger.summary(summary)
             failed = False
@@ -172,6 +213,8 @@ class Runner:
                         self.topo.drafter_device, int(cfg.pipeline.depth), int(cfg.pipeline.prefetch))
         times, clock = StageTimes(), DrafterClock(self.topo.drafter_device)
         self.batches_seen = []  # (epoch, step) in the order the drafter trained on them
+        eval_every = int(cfg.eval.every_steps) if cfg.eval.enabled else 0
+        self.eval_curve, eval_seconds = [], 0.0
         t0 = time.perf_counter()
         done = False
         for epoch in range(self.num_epochs):
@@ -202,6 +245,16 @@ class Runner:
                                     tgt=f"{rec['time_target_ms']:.0f}ms",
                                     dft=f"{rec['time_drafter_ms']:.0f}ms", slow=rec["bottleneck"])
                     last = rec
+                if eval_every and step % eval_every == 0 and step < self.total_steps:
+                    te = time.perf_counter()  # evaluation time is not training time
+                    point = self.evaluate() if self.topo.is_main else {}
+                    dt = time.perf_counter() - te
+                    eval_seconds, t0 = eval_seconds + dt, t0 + dt
+                    if point:
+                        self.eval_curve.append({
+                            "step": step, "train_seconds": time.perf_counter() - t0,
+                            "real_tokens": total.tokens, "acceptance_length": point["acceptance_length"]})
+                        logger.log_eval(point, step)
                 bar.update(1)
                 if step >= self.total_steps:
                     done = True
@@ -223,6 +276,7 @@ class Runner:
                 **monitor.report(), "warmup": {**self.shapes.report(), **warmed},
                 "strategy": self.planner.strategy, "buckets": self.boundaries.tolist(),
                 "train_seconds": seconds, "epochs": int(cfg.epochs),
+                "eval_curve": self.eval_curve, "eval_seconds_during_training": eval_seconds,
                 "world_size": self.topo.world_size, "replica_digests": digests,
                 "batches_per_epoch": self.planner.epoch(0).num_batches,
                 "steps_per_epoch": self.steps_per_epoch, "pipeline_depth": int(cfg.pipeline.depth),
@@ -265,6 +319,22 @@ class Runner:
             for p in self.sources.eval_prompts:
                 f.write(json.dumps({"prompt_ids": [int(t) for t in p]}) + "\n")
         (self.out_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
+
+
+def run_names(logger_cfg) -> dict:
+    """W&B run name and group: the config's, else the Hydra job's overrides and, in a
+    multirun, the sweep dir's name (so sequential jobs of one sweep share a group)."""
+    name, group = logger_cfg.get("run_name"), logger_cfg.get("group")
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):
+        return {"run_name": name, "group": group, "overrides": []}
+    overrides = hc.job.override_dirname or hc.job.name
+    if str(hc.mode) == "RunMode.MULTIRUN":
+        group = group or Path(hc.sweep.dir).name
+        name = name or f"{hc.job.num}_{overrides}"
+    return {"run_name": name or overrides, "group": group, "overrides": list(hc.overrides.task)}
 
 
 def _autotuners() -> list:

@@ -1,34 +1,106 @@
-"""W&B backend of the Logger interface (offline by default: no account needed)."""
+"""W&B backend of the Logger interface (offline by default: no account needed).
+
+The run's config is the fully resolved Hydra config; its name and group come from the
+Hydra job (a multirun's jobs share the sweep's group). Metrics are namespaced:
+
+    train/  loss, lr, grad norm, per-position accuracy, teacher-forced accept estimate
+    perf/   real and padded tokens/s, padding efficiency, stage timings, bottleneck
+    eval/   acceptance length by real speculative decoding, per-position acceptance
+    plan/   per-bucket table, length histogram with the bucket boundaries drawn,
+            pair repeat rate, length mixing, warmup shapes; compile counts at the end
+
+each with `define_metric` step axes (train/perf on the step, eval on its own step).
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from .config import choice
 from .loggers import Logger
 
+_TRAIN = {"loss", "lr", "grad_norm", "acc", "accept_est"}
+
+
+def _namespace(key: str) -> str:
+    return "train" if key in _TRAIN else "perf"
+
 
 class WandbLogger(Logger):
-    def __init__(self, cfg, out_dir: Path, resolved_config: dict):
+    def __init__(self, cfg, out_dir: Path, resolved_config: dict, run_name=None, group=None):
         import wandb
 
-        mode = choice(cfg.mode)
-        self.run = wandb.init(project=cfg.project, mode=mode, dir=str(out_dir),
-                              config=resolved_config, group=cfg.get("group"),
-                              name=cfg.get("run_name"), reinit="finish_previous")
+        self.wandb = wandb
+        self.run = wandb.init(project=cfg.project, mode=choice(cfg.mode), dir=str(out_dir),
+                              config=resolved_config, group=group or cfg.get("group"),
+                              name=run_name or cfg.get("run_name"), reinit="finish_previous")
+        self.run.define_metric("step")
+        for ns in ("train", "perf", "plan"):
+            self.run.define_metric(f"{ns}/*", step_metric="step")
+        self.run.define_metric("eval/step")
+        self.run.define_metric("eval/*", step_metric="eval/step")
 
     def log(self, record: dict, step: int) -> None:
-        flat = {}
+        flat = {"step": step}
         for k, v in record.items():
+            ns = _namespace(k)
             if isinstance(v, list):
-                flat.update({f"{k}/{i + 1}": x for i, x in enumerate(v)})
-            elif isinstance(v, (int, float)):
-                flat[k] = v
-        self.run.log(flat, step=step)
+                flat.update({f"{ns}/{k}_{i + 1}": x for i, x in enumerate(v)})
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                flat[f"{ns}/{k}"] = v
+        if "bottleneck" in record:
+            flat["perf/target_is_bottleneck"] = int(record["bottleneck"] == "target")
+        self.run.log(flat)
+
+    def log_eval(self, record: dict, step: int) -> None:
+        if not record:
+            return
+        flat = {"eval/step": step, "eval/acceptance_length": record.get("acceptance_length")}
+        hist = np.asarray(record.get("histogram") or [], dtype=np.float64)
+        if hist.sum() > 0:  # per position k: the share of verify steps accepting >= k tokens
+            tail = np.cumsum(hist[::-1])[::-1] / hist.sum()
+            flat.update({f"eval/accept_ge_{k}": float(tail[k - 1]) for k in range(2, len(tail) + 1)})
+        self.run.log({k: v for k, v in flat.items() if v is not None})
+
+    def log_plan(self, info: dict) -> None:
+        wb = self.wandb
+        rows = info.get("buckets", [])
+        cols = ["lo", "hi", "samples", "batches", "mean_batch_size", "efficiency"]
+        out = {"plan/buckets": wb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])}
+        for k in ("pair_repeat_rate", "length_mixing", "steps_per_epoch", "total_steps"):
+            if k in info:
+                self.run.summary[f"plan/{k}"] = info[k]
+        shapes = info.get("shapes", {})
+        if shapes:
+            out["plan/warmup_shapes"] = wb.Table(columns=["batch", "length", "anchors"],
+                                                 data=shapes.get("warm_shapes", []))
+            self.run.summary["plan/warmup_steps_covered"] = shapes.get("steps_covered")
+        if info.get("lengths") is not None:
+            from .plotting import pyplot
+            fig = _histogram(np.asarray(info["lengths"]), info.get("boundaries", []))
+            out["plan/length_histogram"] = wb.Image(fig)
+            pyplot().close(fig)
+        self.run.log(out)
 
     def summary(self, summary: dict) -> None:
         for k, v in summary.items():
-            if isinstance(v, (int, float, str)):
+            if isinstance(v, (int, float, str)) and not isinstance(v, bool):
                 self.run.summary[k] = v
+        self.run.summary["plan/compiles_after_warmup"] = summary.get("compiles_after_warmup")
 
     def finish(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)
+
+
+def _histogram(lengths: np.ndarray, boundaries):
+    """A matplotlib figure: sample lengths with the bucket boundaries as vertical lines."""
+    from .plotting import pyplot
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.hist(lengths, bins=80, color="tab:blue", alpha=0.8)
+    for b in boundaries:
+        ax.axvline(b, color="tab:red", lw=1, ls="--")
+    ax.set(xlabel="sample length (tokens)", ylabel="samples", title="lengths and bucket boundaries")
+    fig.tight_layout()
+    return fig

@@ -7,6 +7,7 @@ is kept. Works for any HF decoder whose base model exposes `.layers`.
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -107,28 +108,39 @@ class Target(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.lm.get_output_embeddings().weight
 
+    def _capture_hook(self, i: int):
+        def hook(_module, _inputs, output):
+            st = getattr(self._tls, "state", None)
+            if st is None:  # another thread's forward, or no capture running
+                return
+            captured, stop_early, last = st
+            captured[i] = output[0] if isinstance(output, tuple) else output
+            if stop_early and i == last:
+                raise _StopForward
+        return hook
+
     def _run_capturing(self, forward, stop_early: bool):
-        """Run `forward()` with hooks that keep only the chosen layers' outputs; with
-        `stop_early` the forward is cut after the last chosen layer."""
+        """Run `forward()` keeping only the chosen layers' outputs; with `stop_early` the
+        forward is cut after the last chosen layer. The hooks are registered once and
+        read a thread-local state, so the pipeline's target thread and an evaluation on
+        the main thread can share the model (registering hooks per call from two
+        threads would race on the hook dict)."""
+        if getattr(self, "_hooked", None) != self.layer_ids:  # first use, or ids changed
+            for h in getattr(self, "_hooks", []):
+                h.remove()
+            self._tls = getattr(self, "_tls", None) or threading.local()
+            self._hooks = [self.base.layers[i].register_forward_hook(self._capture_hook(i))
+                           for i in self.layer_ids]
+            self._hooked = list(self.layer_ids)
         captured: dict[int, torch.Tensor] = {}
-        last = max(self.layer_ids)
-
-        def grab(i):
-            def hook(_module, _inputs, output):
-                captured[i] = output[0] if isinstance(output, tuple) else output
-                if stop_early and i == last:
-                    raise _StopForward
-            return hook
-
-        hooks = [self.base.layers[i].register_forward_hook(grab(i)) for i in self.layer_ids]
+        self._tls.state = (captured, stop_early, max(self.layer_ids))
         result = None
         try:
             result = forward()
         except _StopForward:
             pass
         finally:
-            for h in hooks:
-                h.remove()
+            self._tls.state = None
         return result, torch.cat([captured[i] for i in self.layer_ids], dim=-1)
 
     @torch.no_grad()

@@ -1,0 +1,83 @@
+"""`--multirun` comparison of shuffle strategies, W&B offline runs, sweep dir names."""
+import json
+
+import pytest
+
+from conftest import REPO, WORLD, run_module
+from dflash.comparison import pareto, rows_from_summaries
+from dflash.config import safe_dirname
+
+
+def test_compare_shuffles_multirun_writes_the_comparison(tmp_path, world_cache):
+    sweep = tmp_path / "sweep"
+    proc = run_module("dflash.train", "-m", "experiment=compare_shuffles", *WORLD,
+                      f"data.cache_dir={world_cache}", "eval.num_prompts=3", "eval.max_new_tokens=8",
+                      "optim.max_tokens=12000", "eval.every_steps=2", "logger.mode=offline",
+                      "logger.progress=false", f"hydra.sweep.dir={sweep}")
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name[0].isdigit())
+    assert len(jobs) == 5, proc.stdout[-2000:]
+    rows = json.loads((sweep / "comparison.json").read_text())
+    assert len(rows) == 5
+    assert [r["run"] for r in rows] == [f"shuffle={s}" for s in
+                                        ("sorted", "random", "bucketed_quantile",
+                                         "bucketed_geometric", "megabatch")]
+    for r in rows:
+        assert {"strategy", "padding_efficiency", "tokens_per_second", "pair_repeat_rate",
+                "length_mixing", "final_loss", "acceptance_length"} <= set(r)
+        assert r["acceptance_at_equal_time"] >= 1 and len(r["curve"]) >= 3
+        # the same budget of real tokens: every job stops just past it
+        assert 12000 <= r["real_tokens"] < 12000 + 4096
+    by = {r["run"]: r for r in rows}
+    assert by["shuffle=sorted"]["padding_efficiency"] > by["shuffle=random"]["padding_efficiency"]
+    assert by["shuffle=sorted"]["pair_repeat_rate"] > by["shuffle=random"]["pair_repeat_rate"]
+    assert "| shuffle=random | random |" in (sweep / "comparison.md").read_text()
+    assert (sweep / "comparison.png").stat().st_size > 10_000
+    # one offline W&B run per job, each in its own run dir, plus the comparison's
+    for job in jobs:
+        assert len(list((job / "wandb").glob("offline-run-*"))) == 1
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["group"] == sweep.name
+        assert (job / "eval.jsonl").read_text().count("\n") >= 3
+    assert len(list((sweep / "wandb").glob("offline-run-*"))) == 1
+
+
+def test_rows_compare_acceptance_at_equal_time_and_pareto():
+    a = {"train_seconds": 10.0, "initial_acceptance_length": 1.0, "acceptance_length": 3.0,
+         "eval_curve": [{"train_seconds": 5.0, "acceptance_length": 2.0}],
+         "padding_efficiency": 0.9, "length_mixing": 0.1}
+    b = {"train_seconds": 20.0, "initial_acceptance_length": 1.0, "acceptance_length": 4.0,
+         "eval_curve": [{"train_seconds": 10.0, "acceptance_length": 1.5}],
+         "padding_efficiency": 0.5, "length_mixing": 0.9}
+    c = {"train_seconds": 12.0, "initial_acceptance_length": 1.0, "acceptance_length": 2.0,
+         "padding_efficiency": 0.4, "length_mixing": 0.5}
+    rows = rows_from_summaries([("a", a), ("b", b), ("c", c)])
+    assert [r["acceptance_at_equal_time"] for r in rows] == pytest.approx([3.0, 1.5, 1.0 + 10 / 12])
+    assert pareto(rows) == [0, 1]  # c is beaten by b on both axes
+
+
+def test_sweep_dir_names_are_short_and_flat(tmp_path):
+    long = "buckets.boundaries=[" + ",".join(str(16 * i) for i in range(1, 56)) + "]"
+    name = safe_dirname(long)
+    assert len(name) <= 80 and "/" not in name
+    assert safe_dirname(long) == name and safe_dirname(long + "x") != name
+    assert "/" not in safe_dirname("data.path=/data/chats,model.target.path=/m/q")
+    # the real multirun with a 55-value list and a path override
+    sweep = tmp_path / "sweep"
+    bounds = "[" + ",".join([str(16 + 64 * i) for i in range(54)] + ["8193"]) + "]"  # 55 values
+    run_module("dflash.plan", "-m", f"buckets.boundaries={bounds}", "buckets.kind=fixed",
+               f"report={tmp_path / 'r.json'}", "data.num_samples=3000", f"hydra.sweep.dir={sweep}",
+               "epochs=1")
+    jobs = [p for p in sweep.iterdir() if p.is_dir()]
+    assert len(jobs) == 1 and len(jobs[0].name) <= 90
+
+
+def test_plan_multirun_keeps_one_entry_per_setting(tmp_path):
+    """The README's command, as written; and runs differing only in topology or
+    balancing no longer overwrite each other in the report."""
+    report = tmp_path / "cmp.json"
+    run_module("dflash.plan", "--multirun", "experiment=compare_batching", f"report={report}",
+               "batching=sorted,random", "data.num_samples=5000", "topology=cpu,8gpu",
+               "batching.balance_steps=false,true", f"hydra.sweep.dir={tmp_path / 's'}")
+    assert len(json.loads(report.read_text())) == 8
+    readme = (REPO / "README.md").read_text()
+    assert "python -m dflash.plan --multirun experiment=compare_batching report=cmp.json" in readme
