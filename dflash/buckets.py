@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from . import config as _config  # noqa: F401  (registers the schemas)
 from .batching.bucket_opt import build_cost_table, choose_auto, optimal_fits, simulate
-from .errors import DataError
+from .errors import DataError, user_errors_exit
 from .batching.metrics import format_table
 from .batching.strategies import PackingSpec
 from .data.build import load_data
@@ -109,6 +109,7 @@ def format_result(result: dict) -> str:
 
 
 @hydra.main(config_path="../conf", config_name="buckets", version_base="1.3")
+@user_errors_exit
 def main(cfg: DictConfig) -> None:
     result = run_buckets(cfg)
     print(format_result(result))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from .errors import DataError
+
 log = logging.getLogger("dflash.compile")
 
 
@@ -22,8 +24,8 @@ def _counts(autotuners: list) -> dict:
             "autotune_runs": sum(len(getattr(a, "cache", {})) for a in autotuners)}
 
 
-class CompileError(RuntimeError):
-    pass
+class CompileError(DataError):
+    """A compile after warmup with `warmup.on_compile=stop`: the message names the fix."""
 
 
 class CompileMonitor:

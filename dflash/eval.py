@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .model.loss import block_embeddings
+from .errors import user_errors_exit
 
 
 @dataclass
@@ -433,6 +434,7 @@ if __name__ == "__main__":
     from . import config as _config  # noqa: F401
 
     @hydra.main(config_path="../conf", config_name="eval", version_base="1.3")
+    @user_errors_exit
     def _main(cfg) -> None:
         print(format_eval(main_app(cfg)))
 

@@ -25,6 +25,7 @@ from .batching.strategies import build_planner
 from .config import choice
 from .data.build import Data, load_data
 from .shapes import build_shape_plan, format_shape_report
+from .errors import user_errors_exit
 
 log = logging.getLogger("dflash.plan")
 
@@ -86,6 +87,7 @@ def write_report(path: Path, report: dict) -> list[dict]:
 
 
 @hydra.main(config_path="../conf", config_name="plan", version_base="1.3")
+@user_errors_exit
 def main(cfg: DictConfig) -> None:
     report = run_plan(cfg)
     print(format_report(report))

@@ -71,7 +71,7 @@ class Runner:
         if int(cfg.optim.max_tokens) > 0:
             total = min(total, self.steps_for_tokens(int(cfg.optim.max_tokens), total))
         if total < 1:
-            raise ValueError(f"nothing to train: epochs={cfg.epochs}, "
+            raise DataError(f"nothing to train: epochs={cfg.epochs}, "
                              f"{self.steps_per_epoch} steps per epoch")
         self.total_steps = total
         self.num_epochs = -(-total // self.steps_per_epoch)

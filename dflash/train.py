@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from . import config as _config  # noqa: F401  (registers the schemas)
 from .runner import Runner
+from .errors import user_errors_exit
 
 log = logging.getLogger("dflash.train")
 
@@ -36,13 +37,16 @@ def format_summary(summary: dict) -> str:
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+@user_errors_exit
+def main(cfg: DictConfig) -> float | None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     runner = Runner(cfg, out_dir).build()
     summary = runner.run()
     if runner.topo.is_main:
         print(format_summary(summary))
         print(f"run dir: {out_dir}")
+    # a sweeper that optimises (Optuna) reads the job's return value
+    return summary.get("acceptance_length")
 
 
 if __name__ == "__main__":

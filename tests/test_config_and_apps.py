@@ -110,6 +110,18 @@ def test_plan_app_bad_input_fails_clearly(tmp_path):
     assert proc.returncode != 0 and "sample 1 has length 60000" in proc.stderr
 
 
+@pytest.mark.parametrize("case", ["negative", "missing", "unsorted"])
+def test_user_errors_end_with_one_message_not_a_traceback(tmp_path, case):
+    np.save(tmp_path / "neg.npy", np.array([5, -3, 7]))
+    args = {"negative": [f"lengths_file={tmp_path}/neg.npy"],
+            "missing": [f"lengths_file={tmp_path}/nope.npy"],
+            "unsorted": ["buckets.kind=fixed", "buckets.boundaries=[1,500,200,9000]"]}[case]
+    proc = _run("dflash.plan", *args, f"hydra.run.dir={tmp_path}/run", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("dflash: error:") and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_dump_keeps_original_ids_when_overlong_samples_are_dropped(tmp_path):
     lengths = np.array([10, 9000, 20, 30, 9500, 40])
     np.save(tmp_path / "len.npy", lengths)
