@@ -209,6 +209,14 @@ class EvalConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    # training-state checkpoints (dflash.state) every N steps (0: only on SIGTERM/SIGUSR1)
+    every_steps: int = 0
+    keep: int = 2  # newest checkpoints kept
+    force_resume: bool = False  # resume even though the plan settings changed
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -220,6 +228,10 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # auto: the newest valid checkpoint in the run dir (fresh start if none); never;
+    # or a checkpoint dir / checkpoints dir
+    resume: str = "never"
     seed: int = 0
     epochs: int = 1
     report: Optional[str] = None

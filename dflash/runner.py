@@ -39,6 +39,7 @@ from .model.drafter import DFlashDrafter, DrafterSpec
 from .optim import build_optimizer
 from .shapes import build_shape_plan
 from .sources import build_sources
+from .state import Checkpointer, SignalStop
 from .pipeline import DrafterClock, Pipeline, StageTimes
 from .step import StepMetrics, TrainStep, seeded_generator
 from .topology import build_topology
@@ -177,6 +178,13 @@ class Runner:
                 logger.log_plan(self.plan_info())
                 logger.log_eval(before, 0)
             summary = self.train(logger)
+            if summary["preempted"]:  # checkpoint written: stop cleanly, resume=auto goes on
+                summary["wall_seconds"] = time.time() - t_start
+                if topo.is_main:
+                    self.out_dir.mkdir(parents=True, exist_ok=True)
+                    (self.out_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
+                failed = False
+                return summary
             after = self.evaluate() if topo.is_main else {}
             summary.update({
                 "initial_acceptance_length": before.get("acceptance_length"),
@@ -215,10 +223,24 @@ class Runner:
         self.batches_seen = []  # (epoch, step) in the order the drafter trained on them
         eval_every = int(cfg.eval.every_steps) if cfg.eval.enabled else 0
         self.eval_curve, eval_seconds = [], 0.0
+        ck = Checkpointer(self, cfg.checkpoint.every_steps, cfg.checkpoint.keep, cfg.resume,
+                          cfg.checkpoint.force_resume)
+        start_epoch, start_pos, resumed = 0, 0, ck.load()
+        if resumed:
+            step, first_loss = resumed["step"], resumed["first_loss"]
+            start_epoch, start_pos = resumed["epoch"], resumed["position"]
+            self.batches_seen = [tuple(x) for x in resumed["batches_seen"]]
+            self.eval_curve = resumed["eval_curve"]
+            total.tokens, total.padded, total.samples = resumed["totals"]
+            bar.update(step)
+        snapshot = lambda: {"batches_seen": self.batches_seen, "first_loss": first_loss,  # noqa: E731
+                            "eval_curve": self.eval_curve,
+                            "totals": (total.tokens, total.padded, total.samples)}
+        stop, preempted = SignalStop(self.topo), None
         t0 = time.perf_counter()
-        done = False
-        for epoch in range(self.num_epochs):
-            items = pipe.run(self.shard(epoch).batches())
+        done = step >= self.total_steps
+        for epoch in range(start_epoch, self.num_epochs if not done else 0):
+            items = pipe.run(self.shard(epoch).batches(start_pos if epoch == start_epoch else 0))
             for item in items:
                 batch, shape = item.batch, item.shape
                 tick = clock.start()
@@ -256,16 +278,22 @@ class Runner:
                             "real_tokens": total.tokens, "acceptance_length": point["acceptance_length"]})
                         logger.log_eval(point, step)
                 bar.update(1)
-                if step >= self.total_steps:
+                preempted = stop.requested(step, every)
+                if ck.due(step) or preempted or step >= self.total_steps:
+                    if ck.due(step) or preempted:
+                        ck.save(step, self.next_position(batch), snapshot())
+                if preempted or step >= self.total_steps:
                     done = True
                     items.close()  # stops the pipeline's threads
                     break
             if done:
                 break
+        stop.restore()
         bar.close()
         seconds = time.perf_counter() - t0
         digests = self.replica_digests()
-        return {"steps": step, "samples_seen": total.samples,
+        return {"steps": step, "samples_seen": total.samples, "preempted": preempted,
+                "resumed_from": resumed["path"] if resumed else None,
                 "tokens_per_second": total.tokens / seconds,
                 "padded_tokens_per_second": total.padded / seconds,
                 "padding_efficiency": total.tokens / max(1, total.padded),
@@ -283,6 +311,12 @@ class Runner:
                 "stage_ms": {k: v for k, v in last.items() if k.startswith("time_")},
                 "data": self.sources.data.info,
                 "target_dir": self.sources.target_dir}
+
+    def next_position(self, batch) -> tuple[int, int]:
+        """(epoch, batch index) of the batch after this one: where a resume starts."""
+        if batch.step + 1 >= self.shard(batch.epoch).num_batches:
+            return batch.epoch + 1, 0
+        return batch.epoch, batch.step + 1
 
     def replica_digests(self) -> list[str]:
         """A digest of the drafter's weights from every rank: DDP replicas must be equal

@@ -1,0 +1,225 @@
+"""Training-state checkpoints: atomic writes, the newest valid one, exact resume.
+
+A checkpoint is a directory `checkpoints/step-000123/` holding `state.pt` (drafter,
+optimizer, scheduler, the anchor RNG, metrics so far) and `meta.json` (epoch, step,
+position in the epoch, the plan hash, a sha256 of `state.pt`). It is written into a
+temporary directory, fsynced, then renamed into place, so a process killed mid-write
+leaves only a `.tmp-*` directory that is never read; a checkpoint whose hash does not
+match is skipped with a warning. The plan hash covers every setting that decides which
+batches come in which order, so a resume under a changed plan is refused unless forced.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from .errors import DataError
+
+log = logging.getLogger("dflash.state")
+
+PLAN_KEYS = ("data", "batching", "buckets", "seed", "epochs", "topology.dp_size",
+             "optim.max_steps", "optim.max_tokens", "model.drafter.num_anchors")
+
+
+def plan_hash(cfg) -> str:
+    """A digest of the config that decides the plan (and so the sample order)."""
+    from omegaconf import OmegaConf
+    parts = {}
+    for k in PLAN_KEYS:
+        v = OmegaConf.select(cfg, k)
+        parts[k] = OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+    parts["data"].pop("cache_dir", None)  # where the cache lives does not change the plan
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(ckpt_dir: Path, step: int, state: dict, meta: dict, keep: int = 2) -> Path:
+    """Write atomically; keep the newest `keep`. A full disk leaves the previous valid
+    checkpoint in place and raises a DataError saying so."""
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    final = ckpt_dir / f"step-{step:09d}"
+    tmp = ckpt_dir / f".tmp-step-{step:09d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        with open(tmp / "state.pt", "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        meta = {**meta, "step": step, "sha256": _sha256(tmp / "state.pt")}
+        with open(tmp / "meta.json", "w") as f:
+            json.dump(meta, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        _fsync_dir(ckpt_dir)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        prev = newest_valid(ckpt_dir)
+        raise DataError(f"could not write checkpoint {final} ({exc.strerror or exc}); "
+                        f"the previous one stays valid: {prev[0] if prev else 'none'}") from exc
+    for old in sorted(ckpt_dir.glob("step-*"))[:-max(1, keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read(path: Path):
+    """(meta, state) of one checkpoint dir, or raise DataError naming what is wrong."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(f"checkpoint {path}: meta.json missing or unreadable ({exc})") from exc
+    state_file = path / "state.pt"
+    if not state_file.exists() or _sha256(state_file) != meta.get("sha256"):
+        raise DataError(f"checkpoint {path}: state.pt is missing or does not match its hash "
+                        "(truncated or corrupt)")
+    return meta, torch.load(state_file, map_location="cpu", weights_only=False)
+
+
+def newest_valid(ckpt_dir: Path):
+    """(path, meta, state) of the newest checkpoint that reads back whole, or None;
+    partial or corrupt ones are skipped with a warning, never loaded."""
+    for path in sorted(Path(ckpt_dir).glob("step-*"), reverse=True):
+        try:
+            meta, state = read(path)
+        except DataError as exc:
+            log.warning("skipping %s", exc)
+            continue
+        return path, meta, state
+    return None
+
+
+class Checkpointer:
+    """The runner's side of checkpoints: what goes in, where, and resuming from it."""
+
+    def __init__(self, runner, every: int, keep: int, resume: str, force: bool):
+        self.r, self.every, self.keep = runner, int(every), int(keep)
+        self.dir = Path(runner.out_dir) / "checkpoints"
+        self.resume, self.force = str(resume), bool(force)
+        self.hash = plan_hash(runner.cfg)
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def save(self, step: int, position: tuple[int, int], extra: dict) -> Path | None:
+        """All ranks call this (their anchor RNG states are gathered); rank 0 writes."""
+        r = self.r
+        rng = r.step.generator.get_state()
+        rngs = [rng]
+        if r.topo.distributed:
+            import torch.distributed as dist
+            rngs = [None] * r.topo.world_size
+            dist.all_gather_object(rngs, rng)
+        if not r.topo.is_main:
+            return None
+        state = {"drafter": r.drafter.state_dict(), "optimizer": r.optimizer.state_dict(),
+                 "scheduler": r.scheduler.state_dict(), "anchor_rng": rngs, **extra}
+        meta = {"epoch": position[0], "position": position[1], "plan_hash": self.hash,
+                "world_size": r.topo.world_size}
+        return save(self.dir, step, state, meta, self.keep)
+
+    def find(self):
+        """The checkpoint `resume` names: (path, meta, state), or None for a fresh start."""
+        if self.resume == "never":
+            return None
+        if self.resume == "auto":
+            return newest_valid(self.dir)
+        p = Path(self.resume)
+        if (p / "meta.json").exists():
+            return (p, *read(p))
+        found = newest_valid(p) if p.is_dir() else None
+        if found is None:
+            raise DataError(f"resume={self.resume}: no valid checkpoint there")
+        return found
+
+    def load(self):
+        """Restore weights, optimizer, schedule and RNG; the position to start from."""
+        found = self.find()
+        if found is None:
+            return None
+        path, meta, state = found
+        r = self.r
+        if meta["plan_hash"] != self.hash and not self.force:
+            raise DataError(f"resume from {path}: the plan settings changed since it was written "
+                            f"(plan hash {meta['plan_hash']} -> {self.hash}: data, batching, buckets, "
+                            "seed, epochs or dp_size); resuming would repeat or skip samples. "
+                            "Restore them, or pass checkpoint.force_resume=true")
+        if meta["world_size"] != r.topo.world_size:
+            raise DataError(f"resume from {path}: written by {meta['world_size']} ranks, "
+                            f"{r.topo.world_size} started")
+        r.drafter.load_state_dict(state["drafter"])
+        r.optimizer.load_state_dict(state["optimizer"])
+        r.scheduler.load_state_dict(state["scheduler"])
+        r.step.generator.set_state(state["anchor_rng"][r.topo.rank])
+        log.info("resumed from %s (step %d, epoch %d, batch %d)", path, meta["step"],
+                 meta["epoch"], meta["position"])
+        return {**state, "step": meta["step"], "epoch": meta["epoch"],
+                "position": meta["position"], "path": str(path)}
+
+
+class SignalStop:
+    """SIGTERM / SIGUSR1 (what SLURM sends before preemption) ask the run to checkpoint
+    and stop at the next step boundary. With several ranks the request is agreed at the
+    metric syncs (an all-reduce), so every rank stops after the same step."""
+
+    SIGNALS = ("SIGTERM", "SIGUSR1")
+
+    def __init__(self, topo):
+        import signal
+        import threading
+        self.topo, self.signum, self.old = topo, None, {}
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                sig = getattr(signal, name, None)
+                if sig is not None:
+                    self.old[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, _frame):
+        self.signum = signum
+
+    def requested(self, step: int, every: int):
+        """The signal's name when the run should stop now, else None."""
+        import signal
+        flag = self.signum is not None
+        if self.topo.distributed:
+            if step % every:
+                return None
+            import torch.distributed as dist
+            t = torch.tensor([int(flag)], device=self.topo.drafter_device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flag = bool(t.item())
+        if not flag:
+            return None
+        return signal.Signals(self.signum).name if self.signum else "SIGTERM"
+
+    def restore(self) -> None:
+        import signal
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+        self.old = {}

@@ -1,0 +1,116 @@
+"""Checkpoints and exact resume: killed, preempted, corrupt, or resumed under a new plan."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO, WORLD
+from dflash import state
+from dflash.errors import DataError
+
+
+def _args(cache, run, *extra):
+    return [sys.executable, "-m", "dflash.train", *WORLD, f"data.cache_dir={cache}",
+            "eval.enabled=false", "logger.progress=false", "epochs=2", "optim.max_steps=40",
+            "checkpoint.every_steps=5", "pipeline.depth=2", f"hydra.run.dir={run}", *extra]
+
+
+def _finish(cache, run, *extra):
+    proc = subprocess.run(_args(cache, run, *extra), cwd=REPO, text=True, capture_output=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((run / "summary.json").read_text())
+
+
+def _wait_for(path, proc, timeout=200):
+    t0 = time.time()
+    while not path.exists():
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert time.time() - t0 < timeout
+        time.sleep(0.05)
+
+
+def _final(run):
+    """Final weights and the (epoch, batch) sequence the drafter trained on."""
+    _, _, st = state.newest_valid(run / "checkpoints")
+    return load_file(str(run / "drafter" / "model.safetensors")), st["batches_seen"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, world_cache):
+    run = tmp_path_factory.mktemp("uninterrupted")
+    summary = _finish(world_cache, run)
+    assert summary["steps"] == 40 and summary["resumed_from"] is None
+    return _final(run)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_interrupted_run_resumes_exactly(tmp_path, world_cache, reference, how):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(_args(world_cache, run), cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for(run / "checkpoints" / "step-000000010", proc)
+    proc.send_signal(getattr(signal, how))
+    _, err = proc.communicate(timeout=120)
+    if how == "SIGTERM":  # saves at the next step boundary and exits cleanly
+        assert proc.returncode == 0, err[-2000:]
+        cut = json.loads((run / "summary.json").read_text())
+        assert cut["preempted"] == "SIGTERM" and 10 <= cut["steps"] < 40
+        assert (run / "checkpoints" / f"step-{cut['steps']:09d}").exists()
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    summary = _finish(world_cache, run, "resume=auto")
+    assert summary["resumed_from"] and summary["steps"] == 40
+    weights, seen = _final(run)
+    ref_weights, ref_seen = reference
+    assert seen == ref_seen and len(seen) == 40 and len(set(map(tuple, seen))) == 40
+    assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
+
+
+def test_resume_under_a_changed_plan_is_refused(tmp_path, world_cache):
+    run = tmp_path / "run"
+    _finish(world_cache, run, "optim.max_steps=10")
+    proc = subprocess.run(_args(world_cache, run, "optim.max_steps=10", "resume=auto", "seed=1"),
+                          cwd=REPO, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 2
+    assert "plan settings changed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _save(d, step, value):
+    return state.save(d, step, {"w": torch.full((4,), float(value))}, {"plan_hash": "h"}, keep=3)
+
+
+def test_partial_or_corrupt_checkpoints_are_skipped(tmp_path, caplog):
+    d = tmp_path / "checkpoints"
+    _save(d, 5, 5)
+    newest = _save(d, 10, 10)
+    (d / ".tmp-step-000000015-1").mkdir()  # a write killed midway
+    with open(newest / "state.pt", "r+b") as f:  # a truncated file
+        f.truncate(20)
+    path, meta, st = state.newest_valid(d)
+    assert meta["step"] == 5 and torch.equal(st["w"], torch.full((4,), 5.0))
+    assert "does not match its hash" in caplog.text
+    with pytest.raises(DataError, match="truncated or corrupt"):
+        state.read(newest)
+    for step in (15, 20, 25):
+        _save(d, step, step)
+    assert [p.name for p in sorted(d.glob("step-*"))] == [
+        "step-000000015", "step-000000020", "step-000000025"]
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    d = tmp_path / "checkpoints"
+    _save(d, 5, 5)
+
+    def no_space(*_a, **_k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", no_space)
+    with pytest.raises(DataError, match="No space left on device.*step-000000005"):
+        _save(d, 10, 10)
+    monkeypatch.undo()
+    assert state.newest_valid(d)[1]["step"] == 5 and not list(d.glob(".tmp-*"))
