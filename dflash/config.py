@@ -36,6 +36,7 @@ Attention = Choice("Attention", {k: k for k in ("auto", "sdpa", "flex")})
 WarmupPolicy = Choice("WarmupPolicy", {k: k for k in ("none", "bucket_max", "top_k", "coverage", "all")})
 Compile = Choice("Compile", {k: k for k in ("off", "static", "dynamic")})
 OnCompile = Choice("OnCompile", {k: k for k in ("warn", "stop")})
+NonFinite = Choice("NonFinite", {k: k for k in ("stop", "skip")})
 Device = Choice("Device", {k: k for k in ("auto", "cpu", "cuda")})
 LoggerMode = Choice("LoggerMode", {k: k for k in ("online", "offline", "disabled")})
 Autocast = Choice("Autocast", {k: k for k in ("auto", "bf16", "off")})
@@ -193,6 +194,10 @@ class OptimConfig:
     # > 0: stop once this many real tokens were trained on (the schedule spans the steps
     # that takes): strategies compared on equal data
     max_tokens: int = -1
+    # a NaN/inf loss or gradient: stop (found at the next metric sync, no extra host
+    # sync; names the step and samples) or skip the update (one host check per step)
+    nonfinite: NonFinite = NonFinite.stop
+    max_skips: int = 10  # skip: stop once more steps than this were skipped
 
 
 @dataclass

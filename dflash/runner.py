@@ -94,7 +94,8 @@ class Runner:
             loss_chunk=cfg.model.loss_chunk, loss_impl=choice(cfg.model.loss_impl),
             autocast=choice(cfg.model.autocast),
             generator=seeded_generator(self.topo.drafter_device, int(cfg.seed), self.topo.rank),
-            module=module, local=local, log_grad_norm=bool(cfg.logger.grad_norm))
+            module=module, local=local, log_grad_norm=bool(cfg.logger.grad_norm),
+            nonfinite=choice(cfg.optim.nonfinite))
         return self
 
     def steps_for_tokens(self, budget: int, limit: int) -> int:
@@ -237,6 +238,7 @@ class Runner:
                             "eval_curve": self.eval_curve,
                             "totals": (total.tokens, total.padded, total.samples)}
         stop, preempted = SignalStop(self.topo), None
+        recent, skipped = [], []  # steps since the last sync; steps skipped (nonfinite=skip)
         t0 = time.perf_counter()
         done = step >= self.total_steps
         for epoch in range(start_epoch, self.num_epochs if not done else 0):
@@ -246,6 +248,15 @@ class Runner:
                 tick = clock.start()
                 m = self.step.drafter_step(item.device_batch, item.context)
                 item.times["drafter"] = clock.stop(tick)
+                recent.append((step + 1, batch, m["loss"], m["grad_norm"]))
+                if m["skipped"]:
+                    skipped.append((step + 1, batch))
+                    if len(skipped) > int(cfg.optim.max_skips):
+                        raise DataError(f"{len(skipped)} steps had a NaN/inf loss or gradient, more "
+                                        f"than optim.max_skips={cfg.optim.max_skips}: "
+                                        + "; ".join(_where(s_, b_) for s_, b_ in skipped[-3:]))
+                    m = {k: torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
+                         if isinstance(v, torch.Tensor) else v for k, v in m.items()}
                 times.add(item.times)
                 metrics.add(m, batch, shape.tokens)
                 total.add(m, batch, shape.tokens)
@@ -254,6 +265,9 @@ class Runner:
                 monitor.check(step, shape)
                 if step == 1 or step % every == 0 or step == self.total_steps:
                     rec = metrics.flush()  # the one host sync per interval
+                    if not (math.isfinite(rec["loss"]) and math.isfinite(rec["grad_norm"])):
+                        raise DataError(_first_nonfinite(recent))
+                    recent = []
                     rec.update(times.flush(clock))
                     first_loss = rec["loss"] if first_loss is None else first_loss
                     elapsed = time.perf_counter() - t0
@@ -293,6 +307,7 @@ class Runner:
         seconds = time.perf_counter() - t0
         digests = self.replica_digests()
         return {"steps": step, "samples_seen": total.samples, "preempted": preempted,
+                "skipped_steps": [s_ for s_, _ in skipped],
                 "resumed_from": resumed["path"] if resumed else None,
                 "tokens_per_second": total.tokens / seconds,
                 "padded_tokens_per_second": total.padded / seconds,
@@ -353,6 +368,23 @@ class Runner:
             for p in self.sources.eval_prompts:
                 f.write(json.dumps({"prompt_ids": [int(t) for t in p]}) + "\n")
         (self.out_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
+
+
+def _where(step: int, batch) -> str:
+    ids = [int(i) for i in batch.sample_ids[:8]]
+    more = "..." if batch.batch_size > 8 else ""
+    return f"step {step} (epoch {batch.epoch}, batch {batch.step}, samples {ids}{more})"
+
+
+def _first_nonfinite(recent) -> str:
+    """Which step since the last sync went non-finite first (read only now, at the sync)."""
+    vals = torch.stack([torch.stack([lo.float(), g.float()]) for _, _, lo, g in recent]).tolist()
+    for (step, batch, _, _), (lo, g) in zip(recent, vals):
+        if not (math.isfinite(lo) and math.isfinite(g)):
+            return (f"NaN/inf {'loss' if not math.isfinite(lo) else 'gradient norm'} at "
+                    f"{_where(step, batch)}; optim.nonfinite=skip skips such steps "
+                    f"(up to optim.max_skips)")
+    return "NaN/inf in the metrics since the last sync"
 
 
 def run_names(logger_cfg) -> dict:

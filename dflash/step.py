@@ -59,7 +59,7 @@ class TrainStep:
                  gamma: float, grad_clip: float, loss_chunk: int = 1024,
                  loss_impl: str = "auto", autocast: str = "auto",
                  generator: torch.Generator | None = None, module=None, local=None,
-                 log_grad_norm: bool = True):
+                 log_grad_norm: bool = True, nonfinite: str = "stop"):
         self.target, self.drafter = target, drafter
         # `module` runs the training forward (a DDP wrapper of `local`); `local` is the
         # same forward without DDP (compiled when `model.compile` is on), for warmup;
@@ -70,6 +70,9 @@ class TrainStep:
         self.num_anchors, self.gamma, self.grad_clip = int(num_anchors), float(gamma), float(grad_clip)
         self.loss_chunk, self.loss_impl, self.autocast = int(loss_chunk), loss_impl, autocast
         self.log_grad_norm = bool(log_grad_norm)
+        if nonfinite not in ("stop", "skip"):
+            raise ValueError(f"optim.nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
+        self.nonfinite = nonfinite
         self.device = next(drafter.parameters()).device
         self.target_device = next(target.parameters()).device
         self.generator = generator or torch.Generator(device=self.device).manual_seed(0)
@@ -112,11 +115,19 @@ class TrainStep:
         else:  # no clip and not logged: skip a reduction over every parameter
             grad_norm = torch.zeros((), device=self.device)
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
+        skipped = False
+        if self.nonfinite == "skip":  # the one host read of this mode
+            total = grad_norm if grad_norm.numel() and (self.grad_clip > 0 or self.log_grad_norm) \
+                else torch.zeros((), device=self.device)
+            skipped = not bool(torch.isfinite(out.loss.detach()) & torch.isfinite(total))
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)  # no update from this batch
+        else:
+            self.optimizer.step()
+        self.scheduler.step()  # the schedule follows steps taken, skipped or not
         return {"loss": out.loss.detach().float(), "accept_est": out.accept_len.float(),
                 "acc": out.acc.float(), "grad_norm": grad_norm.detach().float(), "lr": lr,
-                "rows": out.rows}
+                "rows": out.rows, "skipped": skipped}
 
     def __call__(self, b: DeviceBatch) -> dict:
         return self.drafter_step(b, self.context(b))

@@ -1,0 +1,55 @@
+"""NaN/inf guards: stop naming the step and samples, or skip the update and count it."""
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import dflash.config  # noqa: F401
+from conftest import REPO, WORLD
+from dflash.errors import DataError
+from dflash.loggers import Logger
+
+
+def _poisoned(cache, out, overrides, bad_calls):
+    from dflash.runner import Runner
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", [*WORLD, f"data.cache_dir={cache}", "logger.progress=false",
+                                "eval.enabled=false", "pipeline.depth=0", "warmup=none",
+                                "epochs=1", "optim.max_steps=8", "logger.log_every=4", *overrides])
+    r = Runner(cfg, out).build()
+    real, calls = r.step.context, []
+
+    def context(b):  # the target's context of some batches turns NaN
+        calls.append(b.batch)
+        ctx = real(b)
+        return ctx * float("nan") if len(calls) in bad_calls else ctx
+    r.step.context = context
+    return r, calls
+
+
+def test_nonfinite_stop_names_step_and_samples(tmp_path, world_cache):
+    r, calls = _poisoned(world_cache, tmp_path, [], bad_calls={3})
+    before = {k: v.clone() for k, v in r.drafter.state_dict().items()}
+    with pytest.raises(DataError) as exc:
+        r.train(Logger())
+    bad = calls[2]
+    ids = [int(i) for i in bad.sample_ids[:8]]
+    assert f"at step 3 (epoch 0, batch {bad.step}, samples {ids}" in str(exc.value)
+    assert "optim.nonfinite=skip" in str(exc.value)
+    assert len(calls) == 4  # found at the sync after step 4, not later
+    assert any(not torch.equal(before[k], v) for k, v in r.drafter.state_dict().items())
+
+
+def test_nonfinite_skip_keeps_training_finite(tmp_path, world_cache):
+    r, _ = _poisoned(world_cache, tmp_path, ["optim.nonfinite=skip"], bad_calls={2, 5})
+    summary = r.train(Logger())
+    assert summary["skipped_steps"] == [2, 5] and summary["steps"] == 8
+    assert all(torch.isfinite(v).all() for v in r.drafter.state_dict().values())
+    assert summary["final_loss"] == summary["final_loss"]  # not NaN
+
+
+def test_too_many_skips_stop(tmp_path, world_cache):
+    r, _ = _poisoned(world_cache, tmp_path, ["optim.nonfinite=skip", "optim.max_skips=1"],
+                     bad_calls={2, 3})
+    with pytest.raises(DataError, match="2 steps had a NaN/inf loss or gradient, more than "
+                                        "optim.max_skips=1"):
+        r.train(Logger())
