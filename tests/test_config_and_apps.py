@@ -143,3 +143,12 @@ def test_train_rejects_data_outside_the_target_vocabulary(tmp_path):
                 f"data.cache_dir={tmp_path}/cache", f"model.target.path={tmp_path}/m", f"hydra.run.dir={tmp_path}/run", check=False)
     assert proc.returncode != 0
     assert "outside the model vocabulary of 256" in proc.stderr
+
+
+@pytest.mark.parametrize("exp", ["compare_shuffles", "production", "cpu_smoke"])
+def test_train_experiments_compose(exp):
+    cfg = _compose("train", [f"experiment={exp}"])
+    assert cfg.model.drafter.num_anchors > 0
+    if exp == "compare_shuffles":
+        assert cfg.optim.max_tokens > 0 and cfg.logger.name == "wandb"
+        assert cfg.logger.mode in ("offline", "disabled")  # no account needed
