@@ -59,7 +59,13 @@ class Runner:
         self.topo = build_topology(cfg.topology)
         use_compile_caches(cfg.data.cache_dir)  # before anything compiles or tunes
         torch.manual_seed(int(cfg.seed))
+        # rank 0 builds (and caches) the data and fitted target first; the others then
+        # read its cache instead of racing to write the same files
+        if self.topo.distributed and not self.topo.is_main:
+            torch.distributed.barrier()
         self.sources = build_sources(cfg, progress=self.topo.is_main)
+        if self.topo.distributed and self.topo.is_main:
+            torch.distributed.barrier()
         self.target = self.sources.target.to(self.topo.target_device)
         self.dataset = self.sources.data.dataset
         lengths = self.sources.data.lengths

@@ -114,3 +114,29 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         _save(d, 10, 10)
     monkeypatch.undo()
     assert state.newest_valid(d)[1]["step"] == 5 and not list(d.glob(".tmp-*"))
+
+
+def test_two_gloo_ranks_preempted_then_resumed(tmp_path, world_cache):
+    """torchrun forwards SIGTERM to both ranks; they agree at the metric sync, both stop
+    after the same step, and the resumed pair ends with the uninterrupted pair's weights."""
+    def cmd(run, *extra):
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                "--master_port=29531", *_args(world_cache, run, "topology=pairs",
+                                               "logger.log_every=5", *extra)[1:]]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    ref = tmp_path / "ref"
+    subprocess.run(cmd(ref), cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+    run = tmp_path / "run"
+    proc = subprocess.Popen(cmd(run), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for(run / "checkpoints" / "step-000000005", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    cut = json.loads((run / "summary.json").read_text())
+    assert cut["preempted"] and cut["steps"] < 40, err[-2000:]
+    done = subprocess.run(cmd(run, "resume=auto"), cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (ref, run))
+    assert b["resumed_from"] and b["steps"] == a["steps"]
+    assert b["replica_digests"] == a["replica_digests"] and len(set(a["replica_digests"])) == 1
