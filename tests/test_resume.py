@@ -17,7 +17,8 @@ from dflash.errors import DataError
 def _args(cache, run, *extra):
     return [sys.executable, "-m", "dflash.train", *WORLD, f"data.cache_dir={cache}",
             "eval.enabled=false", "logger.progress=false", "epochs=2", "optim.max_steps=40",
-            "checkpoint.every_steps=5", "pipeline.depth=2", f"hydra.run.dir={run}", *extra]
+            "checkpoint.every_steps=5", "pipeline.depth=2", "warmup=none", f"hydra.run.dir={run}",
+            *extra]
 
 
 def _finish(cache, run, *extra):
