@@ -44,21 +44,21 @@ class MultiLogger(Logger):
     def __init__(self, loggers):
         self.loggers = list(loggers)
 
-    def log(self, record, step):
+    def _each(self, method: str, *args) -> None:
         for lg in self.loggers:
-            lg.log(record, step)
+            getattr(lg, method)(*args)
+
+    def log(self, record, step):
+        self._each("log", record, step)
 
     def log_plan(self, info):
-        for lg in self.loggers:
-            lg.log_plan(info)
+        self._each("log_plan", info)
 
     def log_eval(self, record, step):
-        for lg in self.loggers:
-            lg.log_eval(record, step)
+        self._each("log_eval", record, step)
 
     def summary(self, summary):
-        for lg in self.loggers:
-            lg.summary(summary)
+        self._each("summary", summary)
 
     def finish(self, failed=False):
         errors = []

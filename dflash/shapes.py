@@ -192,7 +192,14 @@ class ShapePlan:
         return self.run_shape(batch.batch_size, batch.seq_len)
 
     def report(self) -> dict:
-        """Per epoch: distinct shapes (natural, rounded, run), padded tokens, coverage."""
+        """Per epoch: distinct shapes (natural, rounded, run), padded tokens, coverage.
+        Computed once: the plan and the warm set are fixed (the logger and the summary
+        both ask for it, and it walks every batch of every epoch)."""
+        if getattr(self, "_report", None) is None:
+            self._report = self._build_report()
+        return self._report
+
+    def _build_report(self) -> dict:
         sh = self.shapes
         run = [self.run_shape(b, s) for b, s in zip(sh.batch_size.tolist(), sh.seq_len.tolist())]
         run_b = np.asarray([r.batch_size for r in run], np.int64)
