@@ -119,7 +119,7 @@ def test_prepare_overlong_and_bad_lines(tmp_path, chat_tokenizer):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": short}) + "\n{oops\n")
     with pytest.raises(DataError, match="bad.jsonl:2: invalid JSON"):
-        prepare(bad, chat_tokenizer, tmp_path / "b")
+        prepare(bad, chat_tokenizer, tmp_path / "b", bad_lines="error")
     with pytest.raises(DataError, match="JSONL file not found"):
         prepare(tmp_path / "none.jsonl", chat_tokenizer, tmp_path / "n")
     with pytest.raises(DataError, match="tokenizer directory not found"):
@@ -191,4 +191,4 @@ def test_prepare_with_workers_matches_single_process(tmp_path, chat_tokenizer):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(f.read_text() + '{"messages": [{"role": "user"}]}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:151: message 0 needs 'role' and a string"):
-        prepare(bad, chat_tokenizer, tmp_path / "b", workers=2)
+        prepare(bad, chat_tokenizer, tmp_path / "b", workers=2, bad_lines="error")

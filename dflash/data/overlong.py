@@ -16,10 +16,13 @@ class OverlongReport:
     max_seq_len: int
     count: int = 0  # samples over the limit (truncated or dropped)
     tokens_removed: int = 0
+    # truncated samples dropped because the cut removed every supervised token
+    dropped_unsupervised: int = 0
 
     def as_dict(self) -> dict:
         return {"policy": self.policy, "max_seq_len": self.max_seq_len,
-                "overlong_samples": self.count, "tokens_removed": self.tokens_removed}
+                "overlong_samples": self.count, "tokens_removed": self.tokens_removed,
+                "dropped_unsupervised": self.dropped_unsupervised}
 
 
 def check_policy(policy: str) -> None:

@@ -1,21 +1,23 @@
 """JSONL chat conversations -> the dflash token format.
 
     python -m dflash.data.prepare --jsonl chats.jsonl --tokenizer TOKENIZER_DIR --out DIR \
-        [--max-seq-len 8192] [--overlong truncate|drop|error] [--workers 8]
+        [--max-seq-len 8192] [--overlong truncate|drop|error] [--workers 8] \
+        [--bad-lines skip|error]
 
 Each line is {"messages": [{"role": ..., "content": ...}, ...]} (also accepted:
-"conversations"). The tokenizer is loaded from a local directory; each conversation is
-rendered once with the tokenizer's own chat template and tokenized with character
-offsets. The loss mask covers each assistant message's content as it appears in the
-rendered text, plus the special token that closes the turn (so the drafter learns
-where answers end). Locating content in the rendered text, rather than rendering
-prefixes, also works for templates that render earlier turns differently (Qwen3 strips
-past reasoning), and costs one render per conversation.
+"conversations"; an assistant message may carry "reasoning_content"). The tokenizer is
+loaded from a local directory; each conversation is rendered with the tokenizer's own
+chat template and tokenized with character offsets; `loss_mask.py` places the mask on
+every assistant token and the token closing each turn. A line that cannot be used
+(invalid UTF-8 or JSON, no assistant text, a reply the template does not render) is
+skipped, counted and named with `file:line` in prepare_report.json, so one bad
+conversation never ends a million-line job; `--bad-lines error` stops at the first.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from functools import partial
 from multiprocessing import Pool
 from pathlib import Path
@@ -23,9 +25,14 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..errors import DataError
+from ..errors import DataError, user_errors_exit
 from .format import DatasetWriter, TokenDataset
+from .loss_mask import assistant_mask, end_of_turn_ids
 from .overlong import OverlongReport, check_policy
+
+
+BAD_LINE_POLICIES = ("skip", "error")
+MAX_LISTED = 100  # skipped lines named in the report; the count covers all
 
 
 def load_tokenizer(path: str | Path):
@@ -43,45 +50,14 @@ def load_tokenizer(path: str | Path):
     return tok
 
 
-def _check_messages(messages, where: str) -> None:
-    if not isinstance(messages, list) or not messages:
-        raise DataError(f"{where}: 'messages' must be a non-empty list")
-    for j, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
-            raise DataError(f"{where}: message {j} needs 'role' and a string 'content'")
-
-
 def encode_conversation(tok, messages: list[dict], where: str) -> tuple[np.ndarray, np.ndarray]:
     """Token ids and assistant-only loss mask (uint8) for one conversation."""
-    _check_messages(messages, where)
-    text = tok.apply_chat_template(messages, tokenize=False)
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], dtype=np.int64)
-    starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64)
-    special = set(tok.all_special_ids)
-    mask = np.zeros(len(ids), dtype=np.uint8)
-    cursor = 0
-    for j, m in enumerate(messages):
-        if m["role"] != "assistant" or not m["content"].strip():
-            continue
-        content = m["content"].strip()
-        pos = text.find(content, cursor)
-        if pos < 0:
-            raise DataError(f"{where}: assistant message {j} does not appear in the text the "
-                            "chat template renders; cannot place the loss mask")
-        end = pos + len(content)
-        lo = int(np.searchsorted(starts, pos, side="left"))
-        hi = int(np.searchsorted(starts, end, side="left"))
-        # the turn's closing special token (<|im_end|>, eos, ...) is supervised too
-        if hi < len(ids) and int(ids[hi]) in special and not text[end:starts[hi]].strip():
-            hi += 1
-        mask[lo:hi] = 1
-        cursor = end
-    if not mask.any():
-        raise DataError(f"{where}: no assistant content, nothing to supervise")
-    return ids, mask
+    if "eot" not in _EOT_CACHE or _EOT_CACHE["tok"] is not tok:
+        _EOT_CACHE.update(tok=tok, eot=end_of_turn_ids(tok))
+    return assistant_mask(tok, messages, where, _EOT_CACHE["eot"])
 
 
+_EOT_CACHE: dict = {}
 _WORKER_TOK = {}
 
 
@@ -91,9 +67,14 @@ def _init_worker(tokenizer_dir: str) -> None:
 
 def _encode_line(item, tok=None):
     """(line number, ids, mask) or (line number, None, error message)."""
-    line_no, line, where = item
+    line_no, raw, where = item
     tok = tok or _WORKER_TOK["tok"]
     try:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at "
+                            f"column {exc.start + 1})") from None
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -107,7 +88,7 @@ def _encode_line(item, tok=None):
 
 
 def _lines(jsonl: Path):
-    with jsonl.open() as fh:
+    with jsonl.open("rb") as fh:  # bytes: a bad encoding is one bad line, named, not a crash
         for line_no, line in enumerate(fh, 1):
             if line.strip():
                 yield line_no, line, f"{jsonl}:{line_no}"
@@ -115,13 +96,16 @@ def _lines(jsonl: Path):
 
 def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
             max_seq_len: int = 8192, overlong: str = "error",
-            workers: int = 1) -> tuple[TokenDataset, dict]:
+            workers: int = 1, bad_lines: str = "skip") -> tuple[TokenDataset, dict]:
     check_policy(overlong)
+    if bad_lines not in BAD_LINE_POLICIES:
+        raise DataError(f"bad_lines must be one of {BAD_LINE_POLICIES}, got {bad_lines!r}")
     jsonl = Path(jsonl)
     if not jsonl.exists():
         raise DataError(f"JSONL file not found: {jsonl}")
     tok = load_tokenizer(tokenizer_dir)
     report = OverlongReport(overlong, int(max_seq_len))
+    skipped: list[str] = []
     writer = DatasetWriter(out, len(tok), {"source": str(jsonl), "tokenizer": str(tokenizer_dir)})
     total = sum(1 for _ in _lines(jsonl))
     pool = Pool(workers, _init_worker, (str(tokenizer_dir),)) if workers > 1 else None
@@ -130,7 +114,10 @@ def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
                    else map(partial(_encode_line, tok=tok), _lines(jsonl)))
         for line_no, ids, mask in tqdm(results, total=total, desc="prepare", unit="conv"):
             if ids is None:
-                raise DataError(mask)
+                if bad_lines == "error":
+                    raise DataError(mask)
+                skipped.append(mask)
+                continue
             if len(ids) > max_seq_len:
                 report.count += 1
                 if overlong == "error":
@@ -139,10 +126,12 @@ def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
                 if overlong == "drop":
                     report.tokens_removed += len(ids)
                     continue
+                if not mask[:max_seq_len].any():  # nothing left to learn: drop, and say so
+                    report.dropped_unsupervised += 1
+                    report.tokens_removed += len(ids)
+                    continue
                 report.tokens_removed += len(ids) - max_seq_len
                 ids, mask = ids[:max_seq_len], mask[:max_seq_len]
-                if not mask.any():
-                    continue  # truncation removed every supervised token
             writer.add(ids, mask)
     finally:
         if pool:
@@ -150,11 +139,19 @@ def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
     ds = writer.close()
     summary = {"samples": len(ds), "tokens": int(ds.offsets[-1]),
                "supervised_tokens": int(np.asarray(ds.loss_mask).sum(dtype=np.int64)),
-               **report.as_dict()}
+               **report.as_dict(), "skipped_lines": len(skipped),
+               "skipped": skipped[:MAX_LISTED]}
+    if skipped:
+        print(f"prepare: skipped {len(skipped)} bad line(s) (bad_lines=skip), first: "
+              f"{skipped[0]}; all listed in prepare_report.json", file=sys.stderr)
+    if not len(ds):
+        raise DataError(f"{jsonl}: no usable conversation ({len(skipped)} skipped, "
+                        f"first: {skipped[0] if skipped else 'none'})")
     (Path(out) / "prepare_report.json").write_text(json.dumps(summary, indent=2))
     return ds, summary
 
 
+@user_errors_exit
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jsonl", required=True)
@@ -163,9 +160,11 @@ def main(argv=None) -> None:
     ap.add_argument("--max-seq-len", type=int, default=8192)
     ap.add_argument("--overlong", default="error", choices=["truncate", "drop", "error"])
     ap.add_argument("--workers", type=int, default=1, help="tokenizer processes")
+    ap.add_argument("--bad-lines", default="skip", choices=BAD_LINE_POLICIES,
+                    help="a line that cannot be used: skip it (counted, listed) or stop")
     args = ap.parse_args(argv)
     _, summary = prepare(args.jsonl, args.tokenizer, args.out, args.max_seq_len, args.overlong,
-                         args.workers)
+                         args.workers, args.bad_lines)
     print(json.dumps(summary, indent=2))
 
 
