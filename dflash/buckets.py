@@ -5,8 +5,11 @@
 
 The objective is the padding efficiency of dflash's bucketed shuffle as it really packs
 (random order inside a bucket, greedy rule, batching.token_budget and max_batch_size).
-The fit is verified by exact simulation of the planner; both numbers are reported. A
-preset written under conf/buckets/ is then selected with `buckets=<name>`.
+A dynamic program finds the optimum of an analytic model of it; `refine=true` (default)
+then polishes that answer against the exact simulation of the planner (which also sees
+batching.sort_window), on a finer grid. The simulated figure is the one reported and
+written into the preset; the model's figure is shown beside it. A preset written under
+conf/buckets/ is then selected with `buckets=<name>`.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ import yaml
 from omegaconf import DictConfig
 
 from . import config as _config  # noqa: F401  (registers the schemas)
-from .batching.bucket_opt import build_cost_table, choose_auto, optimal_fits, simulate
+from .batching.bucket_opt import build_cost_table, choose_auto, optimal_fits, predict, simulate
+from .batching.bucket_refine import refine_by_simulation
 from .errors import DataError, user_errors_exit
 from .batching.metrics import format_table
 from .batching.strategies import PackingSpec
@@ -45,22 +49,34 @@ def run_buckets(cfg: DictConfig) -> dict:
     data = load_data(cfg.data, lengths_file=cfg.lengths_file)
     lengths = data.lengths
     spec = PackingSpec.from_cfg(cfg.batching)
-    table = build_cost_table(lengths, spec, int(cfg.candidates), float(cfg.quadratic),
-                             progress=True)
+    q = float(cfg.quadratic)
+    table = build_cost_table(lengths, spec, int(cfg.candidates), q, progress=True)
     k_max = min(int(cfg.auto_max), table.num_bins) if k == "auto" else k
     fits = optimal_fits(table, k_max)
     fit = choose_auto(fits, float(cfg.auto_gap)) if k == "auto" else fits[-1]
-    sim = simulate(lengths, fit.boundaries, spec, epochs=2, seed=int(cfg.seed),
-                   quadratic=float(cfg.quadratic))
-    rows = [{**r, "predicted": p} for r, p in zip(sim["buckets"], fit.per_bucket_predicted)]
+    boundaries, dp_sim = fit.boundaries, None
+    if cfg.refine and fit.num_buckets > 1:
+        dp_sim = simulate(lengths, boundaries, spec, 1, int(cfg.seed), q)["efficiency"]
+        boundaries, _, _ = refine_by_simulation(
+            lengths, boundaries, spec, q, grid_bins=4 * int(cfg.candidates),
+            max_passes=int(cfg.refine_passes), seed=int(cfg.seed), progress=True)
+    predicted, per_bucket = predict(lengths, boundaries, spec, q)
+    sim = simulate(lengths, boundaries, spec, epochs=2, seed=int(cfg.seed), quadratic=q)
+    rows = [{**r, "predicted": p} for r, p in zip(sim["buckets"], per_bucket)]
+    # the top bucket holds every length the data config allows, not just this data's
+    # longest sample (the next data set may be longer); the plan is unchanged by it
+    boundaries = boundaries.copy()
+    boundaries[-1] = max(int(boundaries[-1]), int(cfg.data.max_seq_len) + 1)
+    rows[-1]["hi"] = int(boundaries[-1])
     result = {
-        "boundaries": fit.boundaries.tolist(), "num_buckets": fit.num_buckets,
-        "predicted_efficiency": fit.predicted_efficiency,
+        "boundaries": boundaries.tolist(), "num_buckets": fit.num_buckets,
+        "predicted_efficiency": predicted, "dp_simulated_efficiency": dp_sim,
         "simulated_efficiency": sim["efficiency"], "buckets": rows,
         "curve": [{"num_buckets": f.num_buckets, "predicted_efficiency": f.predicted_efficiency}
                   for f in fits],
         "token_budget": spec.token_budget, "max_batch_size": spec.max_batch_size,
-        "quadratic": float(cfg.quadratic), "num_samples": int(len(lengths)),
+        "sort_window": spec.sort_window, "quadratic": q, "num_samples": int(len(lengths)),
+        "max_seq_len": int(cfg.data.max_seq_len),
         "fitted_on": data.info.get("path", data.info.get("source")),
         "auto": k == "auto",
     }
@@ -68,10 +84,9 @@ def run_buckets(cfg: DictConfig) -> dict:
         write_preset(Path(cfg.out), result, cfg.name)
     if cfg.plot:
         from .batching.bucket_plot import plot_fit
-        plot_fit(lengths, fit.boundaries, fit.per_bucket_predicted,
-                 [r["efficiency"] for r in rows], cfg.plot,
-                 title=f"{fit.num_buckets} buckets: predicted {fit.predicted_efficiency:.4f}, "
-                       f"simulated {sim['efficiency']:.4f}")
+        plot_fit(lengths, boundaries, per_bucket, [r["efficiency"] for r in rows], cfg.plot,
+                 title=f"{fit.num_buckets} buckets: simulated {sim['efficiency']:.4f} "
+                       f"(model {predicted:.4f})")
     return result
 
 
@@ -81,27 +96,32 @@ def write_preset(path: Path, result: dict, name: str | None) -> None:
         "kind": "fixed",
         "boundaries": result["boundaries"],
         "num_buckets": result["num_buckets"],
-        "meta": {k: result[k] for k in ("predicted_efficiency", "simulated_efficiency",
-                                        "token_budget", "max_batch_size", "quadratic",
-                                        "num_samples", "fitted_on")},
+        "meta": {k: result[k] for k in ("simulated_efficiency", "predicted_efficiency",
+                                        "token_budget", "max_batch_size", "sort_window",
+                                        "quadratic", "num_samples", "max_seq_len",
+                                        "fitted_on")},
     }
     header = (f"# Fitted by `python -m dflash.buckets` on {result['fitted_on']} "
               f"({result['num_samples']:,} samples), budget {result['token_budget']}, "
-              f"cap {result['max_batch_size']}.\n# Efficiency of the bucketed shuffle: "
-              f"predicted {result['predicted_efficiency']:.4f}, "
-              f"exact simulation {result['simulated_efficiency']:.4f}.\n")
+              f"cap {result['max_batch_size']}, sort_window {result['sort_window']}.\n"
+              f"# Padding efficiency of the bucketed shuffle, exact simulation of the planner: "
+              f"{result['simulated_efficiency']:.4f}.\n"
+              f"# The top bucket ends at data.max_seq_len + 1 = {result['boundaries'][-1]}: "
+              "it holds every length that data config allows.\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(preset, sort_keys=False))
 
 
 def format_result(result: dict) -> str:
     lines = [f"boundaries: {result['boundaries']}",
-             f"num_buckets={result['num_buckets']}  predicted_efficiency="
+             f"num_buckets={result['num_buckets']}  model_efficiency="
              f"{result['predicted_efficiency']:.4f}  simulated_efficiency="
              f"{result['simulated_efficiency']:.4f}",
              format_table(result["buckets"], ["lo", "hi", "samples", "batches",
                                               "mean_batch_size", "predicted", "efficiency"],
-                          title="per bucket (efficiency = exact simulation)")]
+                          title="per bucket (efficiency: exact simulation; predicted: the "
+                                "analytic model, random order, no sort_window; both "
+                                "cost-weighted when quadratic > 0)")]
     if result["auto"]:
         lines.append(format_table(result["curve"], ["num_buckets", "predicted_efficiency"],
                                   title="optimal efficiency by number of buckets"))

@@ -128,6 +128,9 @@ class BucketsConfig:
     kind: BucketKind = BucketKind.fixed
     boundaries: Optional[List[int]] = None
     num_buckets: int = 6
+    # raise the last boundary to data.max_seq_len + 1, so the top bucket holds every
+    # length the data config allows (see batching/buckets.py resolve_boundaries)
+    cover_max_len: bool = True
     meta: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -268,6 +271,9 @@ class BucketsAppConfig:
     auto_max: int = 32
     quadratic: float = 0.0
     candidates: int = 256
+    # polish the optimum against the exact simulation (bucket_refine.py)
+    refine: bool = True
+    refine_passes: int = 4
     out: Optional[str] = None
     name: Optional[str] = None
     plot: Optional[str] = None

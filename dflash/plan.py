@@ -46,7 +46,7 @@ def run_settings(cfg: DictConfig) -> dict:
 
 def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
     """Plan `cfg.epochs` epochs of `data` with the config's batching, buckets, topology."""
-    boundaries = resolve_boundaries(cfg.buckets, data.lengths)
+    boundaries = resolve_boundaries(cfg.buckets, data.lengths, int(cfg.data.max_seq_len))
     planner = build_planner(cfg.batching, data.lengths, boundaries, cfg.seed)
     report = plan_report(planner, int(cfg.epochs), world_size=int(cfg.topology.dp_size),
                          remainder=choice(cfg.batching.remainder), dump_dir=dump_dir, progress=True,

@@ -69,7 +69,7 @@ class Runner:
         self.target = self.sources.target.to(self.topo.target_device)
         self.dataset = self.sources.data.dataset
         lengths = self.sources.data.lengths
-        self.boundaries = resolve_boundaries(cfg.buckets, lengths)
+        self.boundaries = resolve_boundaries(cfg.buckets, lengths, int(cfg.data.max_seq_len))
         self.planner = build_planner(cfg.batching, lengths, self.boundaries, int(cfg.seed))
         self.steps_per_epoch = self.shard(0).num_batches
         total = self.steps_per_epoch * int(cfg.epochs)

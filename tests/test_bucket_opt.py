@@ -146,3 +146,79 @@ def test_app_rejects_bad_files_and_k(tmp_path):
     proc = _run(f"lengths_file={tmp_path}/ok.npy", "num_buckets=many",
                 f"hydra.run.dir={tmp_path}/r", check=False)
     assert proc.returncode and "integer or 'auto'" in proc.stderr
+
+
+def _fit_app(tmp_path, lengths, *overrides):
+    from hydra import compose, initialize_config_dir
+    from dflash.buckets import run_buckets
+    from pathlib import Path
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    np.save(tmp_path / "len.npy", lengths)
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("buckets", [f"lengths_file={tmp_path}/len.npy", *overrides])
+    return run_buckets(cfg)
+
+
+def test_sort_window_is_in_the_objective_and_the_preset_reports_the_simulated_figure(tmp_path):
+    from dflash.batching.bucket_opt import predict
+    lengths = np.random.default_rng(6).lognormal(6.5, 0.7, 40000).clip(16, 8000).astype(np.int64)
+    out = tmp_path / "fit.yaml"
+    res = _fit_app(tmp_path, lengths, "num_buckets=4", "batching.sort_window=4", f"out={out}",
+                   "data.max_seq_len=9000")
+    spec = PackingSpec(49152, 64, 4)
+    b = np.asarray(res["boundaries"])
+    sim = simulate(lengths, b, spec, epochs=2)["efficiency"]
+    assert res["simulated_efficiency"] == pytest.approx(sim, abs=1e-12)
+    # the search sees sort windows: it ends at least as high as the DP start, and the
+    # random-order model's figure (what used to be reported) is far below the truth
+    assert res["simulated_efficiency"] >= res["dp_simulated_efficiency"] - 0.002
+    assert predict(lengths, b, spec)[0] < sim - 0.02
+    header = out.read_text().splitlines()[1]
+    assert f"{sim:.4f}" in header and "simulation" in header
+    assert f"{res['predicted_efficiency']:.4f}" not in out.read_text().split("\nname:")[0]
+    # the top bucket holds every length data.max_seq_len allows, and says so
+    assert b[-1] == 9001 and "9001" in out.read_text().splitlines()[2]
+
+
+def test_per_bucket_efficiency_is_cost_weighted_like_the_objective():
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(50, 4000, 20000)
+    spec, q = PackingSpec(32768, 64), 1 / 1024
+    b = np.array([0, 1000, 2500, 4001])
+    sim = simulate(lengths, b, spec, epochs=1, quadratic=q)
+    from dflash.batching.strategies import Planner
+    plan = Planner("bucketed", lengths, b, spec).epoch(0)
+    cost = lambda x: x + q * x * x  # noqa: E731
+    for j, row in enumerate(sim["buckets"]):
+        mine = plan.bucket == j
+        useful = cost(lengths[(lengths >= b[j]) & (lengths < b[j + 1])].astype(float)).sum()
+        padded = (plan.batch_sizes[mine] * cost(plan.seq_len[mine].astype(float))).sum()
+        assert row["efficiency"] == pytest.approx(useful / padded, rel=1e-9)
+
+
+def test_heavy_tail_optimum_is_stable_in_the_number_of_candidates(tmp_path):
+    rng = np.random.default_rng(8)
+    lengths = np.minimum((rng.pareto(1.1, 40000) + 1) * 64, 48000).astype(np.int64)
+    few = _fit_app(tmp_path, lengths, "num_buckets=8", "candidates=96", "data.max_seq_len=48000")
+    more = _fit_app(tmp_path, lengths, "num_buckets=8", "candidates=192", "data.max_seq_len=48000")
+    assert abs(few["simulated_efficiency"] - more["simulated_efficiency"]) < 0.001
+    assert few["simulated_efficiency"] >= few["dp_simulated_efficiency"] - 1e-9
+
+
+def test_top_bucket_covers_every_length_the_data_config_allows(tmp_path):
+    import json
+    lengths = np.random.default_rng(9).integers(100, 8000, 5000)
+    lengths[:3] = [8192, 9000, 20000]  # truncated to exactly max_seq_len
+    np.save(tmp_path / "len.npy", lengths)
+    for preset in ("seed6", "quantile"):
+        run_module("dflash.plan", f"lengths_file={tmp_path}/len.npy", "data.overlong=truncate",
+                   f"buckets={preset}", f"report={tmp_path}/{preset}.json",
+                   f"hydra.run.dir={tmp_path}/{preset}")
+        (rep,) = json.loads((tmp_path / f"{preset}.json").read_text())
+        assert rep["boundaries"][-1] == 8193 and rep["num_samples"] == 5000
+    assert rep["boundaries"][:-1] == computed_boundaries("quantile", np.minimum(lengths, 8192),
+                                                         6).tolist()[:-1]
+    out = run_module("dflash.plan", f"lengths_file={tmp_path}/len.npy", "data.overlong=truncate",
+                     "buckets=seed6", "buckets.cover_max_len=false",
+                     f"hydra.run.dir={tmp_path}/off", check=False)
+    assert out.returncode == 2 and "length 8192 outside [0, 8192)" in out.stderr

@@ -90,15 +90,25 @@ def computed_boundaries(kind: str, lengths: np.ndarray, num_buckets: int) -> np.
     return _finish(inner, lengths)
 
 
-def resolve_boundaries(cfg, lengths: np.ndarray) -> np.ndarray:
-    """The boundaries a buckets config selects, checked against the data."""
+def resolve_boundaries(cfg, lengths: np.ndarray, max_seq_len: int | None = None) -> np.ndarray:
+    """The boundaries a buckets config selects, checked against the data.
+
+    With `buckets.cover_max_len` (default) and a `max_seq_len`, the last boundary is raised
+    to max_seq_len + 1: the top bucket then holds every length the data config allows
+    (`overlong=truncate` makes samples of exactly max_seq_len tokens), also on the next
+    data set, whose longest sample a preset fitted elsewhere has never seen. Only the
+    top bucket's upper edge moves; batches are padded to their longest sample, so no
+    plan on data the preset already covered changes."""
     kind = choice(cfg.kind)
     if kind == "fixed":
         if cfg.boundaries is None:
             raise DataError(f"buckets '{cfg.name}' has kind 'fixed' but no boundaries")
-        b = check_boundaries(list(cfg.boundaries), lengths,
-                             source=f"buckets '{cfg.name}' boundaries")
+        b = check_boundaries(list(cfg.boundaries), source=f"buckets '{cfg.name}' boundaries")
+        source = f"buckets '{cfg.name}' boundaries"
     else:
         b = computed_boundaries(kind, lengths, int(cfg.num_buckets))
-        check_boundaries(b, lengths, source=f"buckets '{cfg.name}' ({kind}) boundaries")
-    return b
+        source = f"buckets '{cfg.name}' ({kind}) boundaries"
+    if max_seq_len is not None and cfg.get("cover_max_len", True):
+        b = b.copy()
+        b[-1] = max(int(b[-1]), int(max_seq_len) + 1)
+    return check_boundaries(b, lengths, source=source)
