@@ -30,10 +30,18 @@ def drafter_config_dict(spec: DrafterSpec) -> dict:
         "intermediate_size": spec.intermediate_size,
         "vocab_size": spec.vocab_size,
         "rms_norm_eps": spec.rms_norm_eps,
+        # both spellings of rope: transformers < 5 reads rope_theta, 5 rope_parameters
         "rope_theta": spec.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
         "max_position_embeddings": spec.max_position_embeddings,
         "hidden_act": "silu",
-        "attention_bias": False,
+        "attention_bias": spec.attention_bias,
+        # dflash trains full attention in every layer; say so, so that no reader
+        # falls back to a sliding-window default
+        "layer_types": ["full_attention"] * spec.num_layers,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": spec.num_layers,
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         # older readers take block_size from the top level, newer ones from dflash_config
@@ -56,7 +64,30 @@ def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype | 
     return path
 
 
+def _rope_theta(cfg: dict, where: str) -> float:
+    """rope theta from `rope_parameters` (transformers 5) or `rope_theta`; only plain
+    rope is what the drafter computes, so a scaled variant is refused, not ignored."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise DataError(f"{where}: rope_type {kind!r} is not supported by dflash's drafter "
+                        "(plain rope only); refusing to load it as plain rope")
+    theta = params.get("rope_theta", cfg.get("rope_theta"))
+    return float(theta) if theta is not None else 1_000_000.0
+
+
+def _check_full_attention(cfg: dict, where: str) -> None:
+    kinds = cfg.get("layer_types") or []
+    sliding = [i for i, k in enumerate(kinds) if k != "full_attention"]
+    if sliding or (cfg.get("use_sliding_window") and not kinds):
+        what = (f"layers {sliding} are {sorted({kinds[i] for i in sliding})}" if sliding
+                else f"use_sliding_window is true (window {cfg.get('sliding_window')})")
+        raise DataError(f"{where}: {what}; dflash's drafter attends to the full context in "
+                        "every layer, so it cannot load a sliding-window drafter faithfully")
+
+
 def spec_from_config(cfg: dict, where: str) -> DrafterSpec:
+    _check_full_attention(cfg, where)
     try:
         dc = cfg.get("dflash_config", {})
         return DrafterSpec(
@@ -68,8 +99,9 @@ def spec_from_config(cfg: dict, where: str) -> DrafterSpec:
             target_layer_ids=list(dc["target_layer_ids"]),
             block_size=int(dc.get("block_size", cfg.get("block_size", 16))),
             mask_token_id=int(dc["mask_token_id"]), rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=cfg.get("rope_theta", 1e6),
-            max_position_embeddings=cfg.get("max_position_embeddings", 40960))
+            rope_theta=_rope_theta(cfg, where),
+            max_position_embeddings=cfg.get("max_position_embeddings", 40960),
+            attention_bias=bool(cfg.get("attention_bias", False)))
     except KeyError as exc:
         raise DataError(f"{where}: missing key {exc} for a DFlash drafter") from exc
 

@@ -33,6 +33,7 @@ class DrafterSpec:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 40960
+    attention_bias: bool = False  # bias on q/k/v/o projections (Qwen3 attention_bias)
 
     @classmethod
     def from_target(cls, target, cfg) -> "DrafterSpec":
@@ -78,10 +79,11 @@ class Attention(nn.Module):
     def __init__(self, s: DrafterSpec):
         super().__init__()
         self.s = s
-        self.q_proj = nn.Linear(s.hidden_size, s.num_heads * s.head_dim, bias=False)
-        self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=False)
-        self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=False)
-        self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
+        bias = s.attention_bias
+        self.q_proj = nn.Linear(s.hidden_size, s.num_heads * s.head_dim, bias=bias)
+        self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=bias)
+        self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=bias)
+        self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=bias)
         self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
         self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
 

@@ -114,7 +114,12 @@ class Target(nn.Module):
             if st is None:  # another thread's forward, or no capture running
                 return
             captured, stop_early, last = st
-            captured[i] = output[0] if isinstance(output, tuple) else output
+            h = output[0] if isinstance(output, tuple) else output
+            if i == len(self.base.layers) - 1 and hasattr(self.base, "norm"):
+                # readers of `output_hidden_states` (the reference trainer, serving
+                # engines) get the last layer after the final norm: so does dflash
+                h = self.base.norm(h)
+            captured[i] = h
             if stop_early and i == last:
                 raise _StopForward
         return hook
