@@ -2,7 +2,7 @@
 Qwen3 vocabulary (151,936): naive full logits vs the chunked path (the torch reference
 of the fused Triton kernel). Each variant runs in its own process so peaks don't mix.
 
-    python benchmarks/bench_loss.py [--tokens 2048] [--hidden 256] [--chunk 256]
+    python benchmarks/bench_loss.py [--tokens 2048] [--hidden 256] [--chunk 0]
 """
 from __future__ import annotations
 
@@ -44,13 +44,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--chunk", type=int, default=0,
+                    help="rows per chunk; 0: the training default (model.loss_chunk_mb=256)")
     ap.add_argument("--child", default=None)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.tokens, args.hidden, args.chunk)))
         return
-    print(f"tokens {args.tokens}, hidden {args.hidden}, vocab {VOCAB:,}, chunk {args.chunk}; "
+    import torch
+    from dflash.kernels.lm_head_loss import auto_chunk
+    rows = args.chunk or auto_chunk(VOCAB, torch.float32, "torch", 256)
+    print(f"tokens {args.tokens}, hidden {args.hidden}, vocab {VOCAB:,}, chunk {rows} rows"
+          f"{' (default: 256 MB of logits)' if not args.chunk else ''}; "
           f"logits alone would be {args.tokens * VOCAB * 4 / 2**20:,.0f} MB in fp32")
     rows = []
     for variant in ("naive", "chunked"):

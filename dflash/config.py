@@ -95,7 +95,10 @@ class ModelConfig:
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     loss_impl: LossImpl = LossImpl.auto
     attention: Attention = Attention.auto  # auto: flex_attention on CUDA, SDPA on CPU
-    loss_chunk: int = 1024
+    # rows per LM-head chunk; 0: as many as fit loss_chunk_mb of logits at this
+    # vocabulary (peak memory then follows the target, see kernels/lm_head_loss.py)
+    loss_chunk: int = 0
+    loss_chunk_mb: int = 256
     # bf16 autocast for the drafter (fp32 master weights); auto: on CUDA only
     autocast: Autocast = Autocast.auto
     # torch.compile of the drafter forward (block mask included): static compiles one

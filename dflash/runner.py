@@ -97,7 +97,7 @@ class Runner:
         self.step = TrainStep(
             self.target, self.drafter, self.optimizer, self.scheduler,
             num_anchors=dc.num_anchors, gamma=dc.gamma, grad_clip=cfg.optim.grad_clip,
-            loss_chunk=cfg.model.loss_chunk, loss_impl=choice(cfg.model.loss_impl),
+            loss_chunk=cfg.model.loss_chunk, loss_chunk_mb=cfg.model.loss_chunk_mb, loss_impl=choice(cfg.model.loss_impl),
             autocast=choice(cfg.model.autocast),
             generator=seeded_generator(self.topo.drafter_device, int(cfg.seed), self.topo.rank),
             module=module, local=local, log_grad_norm=bool(cfg.logger.grad_norm),

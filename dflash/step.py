@@ -56,7 +56,8 @@ def autocast_for(device: torch.device, mode: str):
 
 class TrainStep:
     def __init__(self, target, drafter, optimizer, scheduler, *, num_anchors: int,
-                 gamma: float, grad_clip: float, loss_chunk: int = 1024,
+                 gamma: float, grad_clip: float, loss_chunk: int = 0,
+                 loss_chunk_mb: float = 256,
                  loss_impl: str = "auto", autocast: str = "auto",
                  generator: torch.Generator | None = None, module=None, local=None,
                  log_grad_norm: bool = True, nonfinite: str = "stop"):
@@ -69,6 +70,7 @@ class TrainStep:
         self.optimizer, self.scheduler = optimizer, scheduler
         self.num_anchors, self.gamma, self.grad_clip = int(num_anchors), float(gamma), float(grad_clip)
         self.loss_chunk, self.loss_impl, self.autocast = int(loss_chunk), loss_impl, autocast
+        self.loss_chunk_mb = float(loss_chunk_mb)
         self.log_grad_norm = bool(log_grad_norm)
         if nonfinite not in ("stop", "skip"):
             raise ValueError(f"optim.nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
@@ -94,7 +96,8 @@ class TrainStep:
             return drafter_loss(module, ctx, self.target.embed_tokens,
                                 self.target.lm_head_weight, b.ids, b.loss_mask, b.valid,
                                 self.num_anchors, self.gamma, generator,
-                                chunk=self.loss_chunk, impl=self.loss_impl)
+                                chunk=self.loss_chunk, impl=self.loss_impl,
+                                chunk_mb=self.loss_chunk_mb)
 
     def warm_step(self, b: DeviceBatch, ctx: torch.Tensor) -> None:
         """Forward and backward of the real step without the update (the bare drafter:

@@ -62,3 +62,39 @@ def test_first_autotuned_call_is_exact():
     assert any(v in k for k in _ce_kernel.cache)  # it did tune
     torch.testing.assert_close(rows, ref_rows, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-6)
+
+
+def _largest_allocation(fn) -> int:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max(e.cpu_memory_usage for e in prof.events())
+
+
+def test_torch_chunk_needs_no_logit_sized_temporary():
+    from dflash.kernels.ce_torch import ce_chunk_torch
+    logits = torch.randn(64, 20000)
+    target, scale = torch.randint(0, 20000, (64,)), torch.rand(64)
+    ref = torch.softmax(logits, -1)
+    ref[torch.arange(64), target] -= 1
+    biggest = _largest_allocation(lambda: ce_chunk_torch(logits, target, scale))
+    assert biggest < logits.nbytes // 8  # per-row vectors only: the gradient is in place
+    torch.testing.assert_close(logits, ref * scale[:, None], rtol=1e-5, atol=1e-7)
+
+
+def test_default_chunk_follows_a_memory_target_not_a_row_count():
+    from dflash.kernels.lm_head_loss import auto_chunk
+    vocab = 151_936
+    rows = auto_chunk(vocab, torch.float32, "torch", 256)
+    assert rows * vocab * 4 <= 256 * 2**20 < (rows + 16) * vocab * 4
+    # a bf16 head on the torch path also holds the fp32 copy of its chunk
+    assert auto_chunk(vocab, torch.bfloat16, "torch", 256) == (256 * 2**20 // (vocab * 6)) // 16 * 16
+    assert auto_chunk(vocab, torch.bfloat16, "triton", 256) == (256 * 2**20 // (vocab * 2)) // 16 * 16
+    hidden, weight, target, weights = _case(200, 16, 5000)
+    ref, _, _ = naive_lm_head_ce(hidden, weight, target, weights)
+    out = {}
+    # default call: chunks of 1 MB of logits (48 rows at 5,000 x fp32), nothing larger
+    biggest = _largest_allocation(lambda: out.update(loss=fused_lm_head_ce(
+        hidden, weight, target, weights, impl="torch", chunk_mb=1)[0]))
+    assert biggest <= 48 * 5000 * 4
+    torch.testing.assert_close(out["loss"], ref, rtol=1e-5, atol=1e-5)

@@ -25,6 +25,17 @@ def _chunk_fn(impl: str):
     raise ValueError(f"model.loss_impl must be 'auto', 'torch' or 'triton', got {impl!r}")
 
 
+def auto_chunk(vocab: int, weight_dtype: torch.dtype, impl: str, memory_mb: float) -> int:
+    """Rows per chunk so that one chunk's logits (and, for the torch path with a
+    16-bit head, their fp32 copy) take about `memory_mb`: peak memory then follows the
+    target, not the vocabulary (at 151,936 x fp32 and 256 MB: 432 rows)."""
+    per_row = vocab * torch.empty(0, dtype=weight_dtype).element_size()
+    if impl == "torch" and weight_dtype != torch.float32:
+        per_row += vocab * 4
+    rows = int(memory_mb * 2**20) // max(1, per_row)
+    return max(16, rows // 16 * 16)
+
+
 def resolve_impl(impl: str, device: torch.device) -> str:
     if impl == "auto":
         return "triton" if device.type == "cuda" else "torch"
@@ -60,16 +71,20 @@ class _FusedLMHeadCE(torch.autograd.Function):
 
 
 def fused_lm_head_ce(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                     weights: torch.Tensor, chunk: int = 1024, impl: str = "auto"):
+                     weights: torch.Tensor, chunk: int = 0, impl: str = "auto",
+                     chunk_mb: float = 256):
     """(weighted mean loss, per-row CE [n], per-row argmax [n]).
 
     hidden [n, H], weight [V, H] (frozen), target [n] int64 (any valid id where the
-    weight is 0), weights [n] >= 0.
+    weight is 0), weights [n] >= 0. `chunk` rows per chunk; 0 (default): from the
+    vocabulary and `chunk_mb` (auto_chunk).
     """
     if hidden.shape[0] != target.shape[0] or target.shape != weights.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)}, target {tuple(target.shape)} and "
                          f"weights {tuple(weights.shape)} must agree on the row count")
     impl = resolve_impl(impl, hidden.device)
+    if int(chunk) <= 0:
+        chunk = auto_chunk(weight.shape[0], weight.dtype, impl, chunk_mb)
     return _FusedLMHeadCE.apply(hidden, weight.detach(), target, weights, int(chunk), impl)
 
 

@@ -84,8 +84,8 @@ def block_embeddings(embed, ids, anchors, block_size, mask_token_id):
 
 
 def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, valid,
-                 num_anchors: int, gamma: float, generator=None, chunk: int = 1024,
-                 impl: str = "auto", anchors=None) -> LossOutput:
+                 num_anchors: int, gamma: float, generator=None, chunk: int = 0,
+                 impl: str = "auto", anchors=None, chunk_mb: float = 256) -> LossOutput:
     """`anchors` (a pair from `sample_anchors`) may be given to reuse a draw."""
     spec = getattr(drafter, "module", drafter).spec  # through a DDP wrapper too
     bs = spec.block_size
@@ -100,7 +100,8 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     w = position_weights(bs, gamma).to(hidden.device) * sup
     targets = torch.where(sup, targets, torch.zeros_like(targets))
     loss, _, argmax = fused_lm_head_ce(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight,
-                                       targets.flatten(), w.flatten(), chunk=chunk, impl=impl)
+                                       targets.flatten(), w.flatten(), chunk=chunk, impl=impl,
+                                       chunk_mb=chunk_mb)
     correct = (argmax.view_as(sup) == targets) & sup
     acc = correct.sum((0, 1)) / sup.sum((0, 1)).clamp_min(1)
     streak = torch.cumprod(correct.long(), dim=2).sum(2)  # leading correct drafts per block
