@@ -28,7 +28,7 @@ def choice(value) -> str:
 
 Source = Choice("Source", {k: k for k in ("world", "synthetic", "tokenized", "lengths")})
 Overlong = Choice("Overlong", {k: k for k in ("truncate", "drop", "error")})
-Strategy = Choice("Strategy", {k: k for k in ("sorted", "random", "bucketed", "megabatch")})
+Strategy = Choice("Strategy", {k: k for k in ("sorted", "random", "bucketed", "megabatch", "packed")})
 Remainder = Choice("Remainder", {k: k for k in ("repeat", "drop")})
 BucketKind = Choice("BucketKind", {k: k for k in ("fixed", "geometric", "quantile", "equal_tokens")})
 LossImpl = Choice("LossImpl", {k: k for k in ("auto", "torch", "triton")})
@@ -122,6 +122,10 @@ class BatchingConfig:
     # within-step length diversity); cost = padded tokens * (1 + attention_cost * length).
     balance_steps: bool = False
     attention_cost: float = 3.7e-5
+    # packed: rows of row_len tokens (0: data.max_seq_len), token_budget // row_len rows
+    # a batch, first fit over pack_window open rows (batching/row_packing.py)
+    row_len: int = 0
+    pack_window: int = 32
 
 
 @dataclass

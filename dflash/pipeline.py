@@ -39,6 +39,11 @@ class Item:
     times: dict = field(default_factory=dict)
 
 
+def _device_batch(batch, shape, tensors) -> DeviceBatch:
+    ids, mask, valid, *pos = tensors
+    return DeviceBatch(batch, ids, mask, valid, shape, pos[0] if pos else None)
+
+
 class HostBuffers:
     """Padded host tensors per shape, reused; pinned on CUDA so copies are asynchronous.
     A buffer goes back to the pool once the copy that read it has completed."""
@@ -49,22 +54,29 @@ class HostBuffers:
         self.lock = threading.Lock()
 
     def fill(self, dataset, batch, shape):
-        ids, mask, valid = dataset.collate(batch.sample_ids, shape.seq_len)
+        """(ids, loss mask, valid) host tensors, and position ids for a packed batch."""
+        if batch.row_of is not None:
+            arrays = dataset.collate_packed(batch.sample_ids, batch.row_of, shape.batch_size,
+                                            shape.seq_len)
+        else:
+            arrays = dataset.collate(batch.sample_ids, shape.seq_len)
+        key = (shape, len(arrays))
         with self.lock:
-            pool = self.free.setdefault(shape, [])
+            pool = self.free.setdefault(key, [])
             bufs = pool.pop() if pool else None
         if bufs is None:
             make = lambda dt: torch.zeros(shape.batch_size, shape.seq_len, dtype=dt,  # noqa: E731
                                           pin_memory=self.pin)
-            bufs = (make(torch.int64), make(torch.bool), make(torch.bool))
+            bufs = tuple(make(dt) for dt in (torch.int64, torch.bool, torch.bool, torch.int64)
+                         [:len(arrays)])
         else:
             *bufs, event = bufs
             if event is not None:
                 event.synchronize()  # the copy that last read this buffer is done
             for t in bufs:
                 t.zero_()
-        n = len(ids)
-        for t, a in zip(bufs, (ids, mask, valid)):
+        n = len(arrays[0])
+        for t, a in zip(bufs, arrays):
             t[:n].numpy()[:] = a
         return bufs
 
@@ -72,7 +84,7 @@ class HostBuffers:
         if not self.pin:  # on the CPU the "device" tensors are these buffers: never reuse
             return
         with self.lock:
-            pool = self.free.setdefault(shape, [])
+            pool = self.free.setdefault((shape, len(bufs)), [])
             if len(pool) < self.per_shape:
                 pool.append((*bufs, event))
 
@@ -99,12 +111,12 @@ class Pipeline:
         t0 = time.perf_counter()
         stream = self.stream
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
-            ids, mask, valid = (t.to(self.target_device, non_blocking=True) for t in bufs)
-            b = DeviceBatch(batch, ids, mask, valid, shape)
+            moved = [t.to(self.target_device, non_blocking=True) for t in bufs]
+            b = _device_batch(batch, shape, moved)
             ctx = self.step.context(b).to(self.drafter_device, non_blocking=True)
             if self.target_device != self.drafter_device:
-                b = DeviceBatch(batch, *(t.to(self.drafter_device, non_blocking=True)
-                                         for t in (ids, mask, valid)), shape)
+                b = _device_batch(batch, shape, [t.to(self.drafter_device, non_blocking=True)
+                                                 for t in moved])
             event = None
             if stream is not None:
                 event = torch.cuda.Event()
@@ -122,9 +134,10 @@ class Pipeline:
         drafter's stream (or it could hand their memory out again too early)."""
         if self.stream is not None:
             cur = torch.cuda.current_stream(self.drafter_device)
-            for t in (item.context, item.device_batch.ids, item.device_batch.loss_mask,
-                      item.device_batch.valid):
-                t.record_stream(cur)
+            db = item.device_batch
+            for t in (item.context, db.ids, db.loss_mask, db.valid, db.position_ids):
+                if t is not None:
+                    t.record_stream(cur)
         return item
 
     # ---- driving -----------------------------------------------------------------------

@@ -41,13 +41,15 @@ def run_settings(cfg: DictConfig) -> dict:
             "balance_steps": bool(b.balance_steps), "attention_cost": float(b.attention_cost),
             "data_source": choice(d.source), "data_path": d.path, "lengths_file": cfg.lengths_file,
             "data_seed": int(d.seed), "length_scale": float(d.length_scale),
-            "max_seq_len": int(d.max_seq_len), "overlong": choice(d.overlong)}
+            "max_seq_len": int(d.max_seq_len), "overlong": choice(d.overlong),
+            "row_len": int(b.row_len), "pack_window": int(b.pack_window)}
 
 
 def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
     """Plan `cfg.epochs` epochs of `data` with the config's batching, buckets, topology."""
     boundaries = resolve_boundaries(cfg.buckets, data.lengths, int(cfg.data.max_seq_len))
-    planner = build_planner(cfg.batching, data.lengths, boundaries, cfg.seed)
+    planner = build_planner(cfg.batching, data.lengths, boundaries, cfg.seed,
+                            int(cfg.data.max_seq_len))
     report = plan_report(planner, int(cfg.epochs), world_size=int(cfg.topology.dp_size),
                          remainder=choice(cfg.batching.remainder), dump_dir=dump_dir, progress=True,
                          balance=bool(cfg.batching.balance_steps),

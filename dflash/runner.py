@@ -70,7 +70,8 @@ class Runner:
         self.dataset = self.sources.data.dataset
         lengths = self.sources.data.lengths
         self.boundaries = resolve_boundaries(cfg.buckets, lengths, int(cfg.data.max_seq_len))
-        self.planner = build_planner(cfg.batching, lengths, self.boundaries, int(cfg.seed))
+        self.planner = build_planner(cfg.batching, lengths, self.boundaries, int(cfg.seed),
+                                     int(cfg.data.max_seq_len))
         self.steps_per_epoch = self.shard(0).num_batches
         total = self.steps_per_epoch * int(cfg.epochs)
         if int(cfg.optim.max_steps) > 0:
@@ -364,7 +365,8 @@ class Runner:
         vocab = int(self.target.vocab_size)
         return warm_ranks(self.topo, lambda: warm(
             self.step, self.shapes.warm, vocab, self.topo.drafter_device,
-            progress=bool(self.cfg.logger.progress and self.topo.is_main)))
+            progress=bool(self.cfg.logger.progress and self.topo.is_main),
+            packed=self.planner.strategy == "packed"))
 
     def write_outputs(self, summary: dict, resolved: dict) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)

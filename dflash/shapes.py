@@ -83,7 +83,7 @@ class PlanShapes:
         """From EpochPlans (or shards of them): the shapes are read off each plan's own
         per-batch arrays, so they cannot be misaligned."""
         parts = [(np.full(p.num_batches, p.epoch, np.int64), p.bucket.astype(np.int64),
-                  p.batch_sizes.astype(np.int64), p.seq_len.astype(np.int64)) for p in plans]
+                  p.batch_rows.astype(np.int64), p.seq_len.astype(np.int64)) for p in plans]
         cols = [np.concatenate(c) if c else np.zeros(0, np.int64) for c in zip(*parts)] \
             if parts else [np.zeros(0, np.int64)] * 4
         return cls.from_arrays(*cols, rounding=rounding)

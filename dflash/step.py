@@ -28,6 +28,9 @@ class DeviceBatch:
     loss_mask: torch.Tensor  # [B, S] bool
     valid: torch.Tensor  # [B, S] bool
     shape: object = None  # dflash.shapes.Shape the batch runs at (None: its natural shape)
+    # packed rows: position of each token inside its own document [B, S] int64 (the
+    # target and the drafter keep attention inside documents from it); None: unpacked
+    position_ids: torch.Tensor | None = None
 
     @property
     def padded_tokens(self) -> int:
@@ -38,12 +41,15 @@ def collate(dataset, batch, device, shape=None) -> DeviceBatch:
     """Right-padded tensors for a planned batch, at its run shape when given: the length
     padded up, and whole padding rows (nothing valid, nothing supervised) added."""
     seq = batch.seq_len if shape is None else shape.seq_len
+    rows = batch.num_rows if shape is None else shape.batch_size
+    move = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
+    if batch.row_of is not None:  # packed: one shape already, rows x row_len
+        ids, mask, valid, pos = dataset.collate_packed(batch.sample_ids, batch.row_of, rows, seq)
+        return DeviceBatch(batch, move(ids), move(mask), move(valid), shape, move(pos))
     ids, mask, valid = dataset.collate(batch.sample_ids, seq)
-    rows = batch.batch_size if shape is None else shape.batch_size
     if rows > len(ids):
         pad = ((0, rows - len(ids)), (0, 0))
         ids, mask, valid = (np.pad(a, pad) for a in (ids, mask, valid))
-    move = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
     return DeviceBatch(batch, move(ids), move(mask), move(valid), shape)
 
 
@@ -83,6 +89,10 @@ class TrainStep:
 
     # ---- target stage --------------------------------------------------------------
     def context(self, b: DeviceBatch) -> torch.Tensor:
+        if b.position_ids is not None:
+            # packed: no 2-D mask, per-document positions; HF builds the document mask
+            # from where the positions restart (sdpa, eager, flex and flash alike)
+            return self.target.context(b.ids, None, b.position_ids)
         attn = b.valid.long()
         # a padding row has no real token; letting it attend to its first position keeps
         # the target's softmax defined (its context is never read: nothing valid there)
@@ -97,7 +107,7 @@ class TrainStep:
                                 self.target.lm_head_weight, b.ids, b.loss_mask, b.valid,
                                 self.num_anchors, self.gamma, generator,
                                 chunk=self.loss_chunk, impl=self.loss_impl,
-                                chunk_mb=self.loss_chunk_mb)
+                                chunk_mb=self.loss_chunk_mb, position_ids=b.position_ids)
 
     def warm_step(self, b: DeviceBatch, ctx: torch.Tensor) -> None:
         """Forward and backward of the real step without the update (the bare drafter:

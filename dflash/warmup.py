@@ -47,24 +47,28 @@ def configure_compile(mode: str, num_shapes: int) -> None:
     dc.fail_on_recompile_limit_hit = mode != "off"
 
 
-def dummy_batch(shape, vocab_size: int, device, seed: int = 0):
+def dummy_batch(shape, vocab_size: int, device, seed: int = 0, packed: bool = False):
     """A full batch of the given shape: every position real and supervised, so every
-    anchor slot is valid and the loss covers every row (the largest work of the shape)."""
+    anchor slot is valid and the loss covers every row (the largest work of the shape).
+    Packed runs warm with position ids too (one document per row: the most work), so
+    the warmed code path is the one training takes."""
     from .step import DeviceBatch
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab_size, (shape.batch_size, shape.seq_len), generator=g)
     ones = torch.ones_like(ids, dtype=torch.bool)
-    return DeviceBatch(None, ids.to(device), ones.to(device), ones.to(device), shape)
+    pos = torch.arange(shape.seq_len).expand_as(ids).contiguous().to(device) if packed else None
+    return DeviceBatch(None, ids.to(device), ones.to(device), ones.to(device), shape, pos)
 
 
-def warm(step, shapes, vocab_size: int, drafter_device, progress: bool = False) -> dict:
+def warm(step, shapes, vocab_size: int, drafter_device, progress: bool = False,
+         packed: bool = False) -> dict:
     """Run every shape once through the real step (no update); returns timings."""
     from tqdm.auto import tqdm
 
     t0, per_shape = time.perf_counter(), []
     for shape in tqdm(shapes, desc="warmup", unit="shape", disable=not progress):
         t = time.perf_counter()
-        b = dummy_batch(shape, vocab_size, step.target_device)
+        b = dummy_batch(shape, vocab_size, step.target_device, packed=packed)
         ctx = step.context(b).to(drafter_device, non_blocking=True)
         step.warm_step(b, ctx)
         if drafter_device.type == "cuda":

@@ -21,7 +21,7 @@ DEFAULT_ATTENTION_COST = 3.7e-5
 
 def batch_cost(plan: EpochPlan, attention_cost: float = DEFAULT_ATTENTION_COST) -> np.ndarray:
     """Relative compute of each batch: B*S padded tokens plus attention's B*S^2 term."""
-    b = plan.batch_sizes.astype(np.float64)
+    b = plan.batch_rows.astype(np.float64)
     s = plan.seq_len.astype(np.float64)
     return b * s * (1.0 + attention_cost * s)
 

@@ -53,7 +53,7 @@ def bucket_table(plan: EpochPlan, boundaries: np.ndarray) -> list[dict]:
     useful = np.zeros(k, dtype=np.int64)
     padded = np.zeros(k, dtype=np.int64)
     np.add.at(useful, plan.bucket, plan.num_tokens)
-    np.add.at(padded, plan.bucket, sizes * plan.seq_len)
+    np.add.at(padded, plan.bucket, plan.batch_rows * plan.seq_len)
     rows = []
     for j in range(k):
         rows.append({

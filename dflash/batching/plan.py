@@ -19,20 +19,28 @@ class Batch:
     step: int
     sample_ids: np.ndarray  # int64
     bucket_id: int
-    seq_len: int  # padded length: the longest sample in the batch
+    seq_len: int  # padded length: the longest sample (packed: the row length)
     num_tokens: int  # real (unpadded) tokens
+    # packed batches: the row (within the batch) of each sample, and the row count;
+    # otherwise None / 0 and every sample is its own row
+    row_of: np.ndarray | None = None
+    rows: int = 0
 
     @property
     def batch_size(self) -> int:
         return int(len(self.sample_ids))
 
     @property
+    def num_rows(self) -> int:
+        return self.rows or self.batch_size
+
+    @property
     def shape(self) -> tuple[int, int]:
-        return (self.batch_size, self.seq_len)
+        return (self.num_rows, self.seq_len)
 
     @property
     def padded_tokens(self) -> int:
-        return self.batch_size * self.seq_len
+        return self.num_rows * self.seq_len
 
 
 @dataclass
@@ -43,6 +51,10 @@ class EpochPlan:
     bucket: np.ndarray  # int32 [num_batches]
     seq_len: np.ndarray  # int64 [num_batches] padded length of each batch
     num_tokens: np.ndarray  # int64 [num_batches] real tokens of each batch
+    # packed plans (batching=packed): rows per batch [num_batches] and each position's
+    # row within its batch [num_samples_in_plan]; None: one sample per row
+    rows: np.ndarray | None = None
+    row_of: np.ndarray | None = None
 
     @classmethod
     def build(cls, epoch: int, indices: np.ndarray, offsets: np.ndarray,
@@ -71,8 +83,13 @@ class EpochPlan:
         return np.diff(self.offsets)
 
     @property
+    def batch_rows(self) -> np.ndarray:
+        """Rows each batch computes (its first dimension): samples, or packed rows."""
+        return self.batch_sizes if self.rows is None else self.rows
+
+    @property
     def padded_tokens(self) -> int:
-        return int(np.dot(self.batch_sizes, self.seq_len))  # int64 dot: no overflow
+        return int(np.dot(self.batch_rows, self.seq_len))  # int64 dot: no overflow
 
     @property
     def useful_tokens(self) -> int:
@@ -89,8 +106,11 @@ class EpochPlan:
             raise IndexError(f"step {step} outside epoch {self.epoch} "
                              f"with {self.num_batches} batches")
         lo, hi = self.offsets[step], self.offsets[step + 1]
+        packed = self.rows is not None
         return Batch(self.epoch, step, self.indices[lo:hi], int(self.bucket[step]),
-                     int(self.seq_len[step]), int(self.num_tokens[step]))
+                     int(self.seq_len[step]), int(self.num_tokens[step]),
+                     self.row_of[lo:hi] if packed else None,
+                     int(self.rows[step]) if packed else 0)
 
     def batches(self, start_step: int = 0) -> Iterator[Batch]:
         """Batches from `start_step` on: resuming mid-epoch is a slice, not a replay."""
@@ -106,11 +126,17 @@ class EpochPlan:
         # position p of new batch j reads old position old_start[j] + (p - new_start[j])
         shift = np.repeat(self.offsets[:-1][batch_ids] - offsets[:-1], sizes)
         src = np.arange(offsets[-1], dtype=np.int64) + shift
+        packed = self.rows is not None
         return EpochPlan(self.epoch, self.indices[src], offsets, self.bucket[batch_ids],
-                         self.seq_len[batch_ids], self.num_tokens[batch_ids])
+                         self.seq_len[batch_ids], self.num_tokens[batch_ids],
+                         self.rows[batch_ids] if packed else None,
+                         self.row_of[src] if packed else None)
 
     # ---- files -------------------------------------------------------------------
     def save_npz(self, path: str | Path, original_ids: np.ndarray | None = None) -> None:
         ids = self.indices if original_ids is None else original_ids[self.indices]
+        extra = {} if self.rows is None else {"rows": self.rows.astype(np.int64),
+                                              "row": self.row_of.astype(np.int32)}
         np.savez(path, indices=ids.astype(np.int64),
-                 offsets=self.offsets.astype(np.int64), bucket=self.bucket.astype(np.int32))
+                 offsets=self.offsets.astype(np.int64), bucket=self.bucket.astype(np.int32),
+                 **extra)

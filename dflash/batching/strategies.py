@@ -15,9 +15,10 @@ from ..config import choice
 from ..errors import DataError
 from .lengths import check_fits_budget, check_lengths
 from .packing import pack, segment_ends
+from .row_packing import packed_layout
 from .plan import EpochPlan
 
-STRATEGIES = ("sorted", "random", "bucketed", "megabatch")
+STRATEGIES = ("sorted", "random", "bucketed", "megabatch", "packed")
 
 
 @dataclass(frozen=True)
@@ -25,14 +26,21 @@ class PackingSpec:
     token_budget: int
     max_batch_size: int
     sort_window: int = 0
+    row_len: int = 0  # packed only
+    pack_window: int = 32  # packed only
 
     @classmethod
-    def from_cfg(cls, cfg) -> "PackingSpec":
+    def from_cfg(cls, cfg, max_seq_len: int | None = None) -> "PackingSpec":
         if cfg.max_batch_size < 1:
             raise DataError(f"batching.max_batch_size must be >= 1, got {cfg.max_batch_size}")
         if cfg.sort_window < 0:
             raise DataError(f"batching.sort_window must be >= 0, got {cfg.sort_window}")
-        return cls(int(cfg.token_budget), int(cfg.max_batch_size), int(cfg.sort_window))
+        row_len = int(cfg.get("row_len", 0)) or int(max_seq_len or 0)
+        if choice(cfg.strategy) == "packed" and not 0 < row_len <= int(cfg.token_budget):
+            raise DataError(f"batching.row_len={row_len} must be in [1, token_budget="
+                            f"{cfg.token_budget}] (0 takes data.max_seq_len)")
+        return cls(int(cfg.token_budget), int(cfg.max_batch_size), int(cfg.sort_window),
+                   row_len, int(cfg.get("pack_window", 32)))
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
@@ -47,7 +55,11 @@ class Planner:
             raise DataError(f"batching.strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
         self.lengths = check_lengths(lengths)
-        check_fits_budget(self.lengths, spec.token_budget)
+        if strategy != "packed":  # packed rows have their own limit (row_len)
+            check_fits_budget(self.lengths, spec.token_budget)
+        if strategy == "packed":  # one shape, no buckets: a single bucket holds all
+            top = max(spec.row_len, int(self.lengths.max(initial=0))) + 1
+            boundaries = np.array([0, top], dtype=np.int64)
         self.boundaries = bk.check_boundaries(boundaries, self.lengths)
         self.spec = spec
         self.seed = int(seed)
@@ -78,6 +90,8 @@ class Planner:
         if self.strategy == "sorted":
             return self._static_shuffled(epoch, rng)
         perm = rng.permutation(self.num_samples)
+        if self.strategy == "packed":
+            return self._packed(epoch, perm, rng)
         if self.strategy == "random":
             return self._finish(epoch, perm, pack(self.lengths[perm], spec.token_budget,
                                                   spec.max_batch_size))
@@ -122,6 +136,16 @@ class Planner:
         plan.bucket = bk.assign(plan.seq_len, self.boundaries)
         return plan
 
+    def _packed(self, epoch: int, order: np.ndarray, rng: np.random.Generator) -> EpochPlan:
+        spec = self.spec
+        indices, offsets, row_of, rows = packed_layout(
+            order, self.lengths, spec.row_len, spec.token_budget // spec.row_len,
+            spec.pack_window)
+        plan = self._finish(epoch, indices, offsets)
+        plan.seq_len[:] = spec.row_len  # every batch: rows x row_len, one shape
+        plan.rows, plan.row_of = rows, row_of
+        return plan.take(rng.permutation(plan.num_batches))
+
     def _static_shuffled(self, epoch: int, rng: np.random.Generator) -> EpochPlan:
         base = self._static
         plan = base.take(rng.permutation(base.num_batches))
@@ -129,6 +153,7 @@ class Planner:
         return plan
 
 
-def build_planner(batching_cfg, lengths, boundaries, seed: int) -> Planner:
+def build_planner(batching_cfg, lengths, boundaries, seed: int,
+                  max_seq_len: int | None = None) -> Planner:
     return Planner(choice(batching_cfg.strategy), lengths, boundaries,
-                   PackingSpec.from_cfg(batching_cfg), seed=seed)
+                   PackingSpec.from_cfg(batching_cfg, max_seq_len), seed=seed)

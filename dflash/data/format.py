@@ -64,6 +64,28 @@ class TokenDataset:
             valid[r, :n] = True
         return ids, mask, valid
 
+    def collate_packed(self, sample_ids, row_of, num_rows: int, row_len: int, pad_id: int = 0):
+        """Packed [rows, row_len] ids, loss mask, validity and per-document position ids:
+        the samples of each row side by side, positions restarting at 0 for each (the
+        padding at a row's end is one more run of positions, never valid)."""
+        ids = np.full((num_rows, row_len), pad_id, dtype=np.int64)
+        mask = np.zeros((num_rows, row_len), dtype=np.bool_)
+        valid = np.zeros((num_rows, row_len), dtype=np.bool_)
+        pos = np.tile(np.arange(row_len, dtype=np.int64), (num_rows, 1))
+        fill = np.zeros(num_rows, dtype=np.int64)
+        for i, r in zip(sample_ids, row_of):
+            t, m = self.sample(int(i))
+            lo, n = int(fill[r]), len(t)
+            if lo + n > row_len:
+                raise DataError(f"{self.path}: sample {int(i)} ({n} tokens) does not fit in "
+                                f"row {int(r)} of length {row_len} at offset {lo}")
+            ids[r, lo:lo + n], mask[r, lo:lo + n], valid[r, lo:lo + n] = t, m, True
+            pos[r, lo:lo + n] = np.arange(n)
+            fill[r] = lo + n
+        for r in range(num_rows):  # the tail restarts too: it is no document's continuation
+            pos[r, fill[r]:] = np.arange(row_len - fill[r])
+        return ids, mask, valid, pos
+
     def check_vocab(self, vocab_size: int) -> None:
         """Fail before training if any token id cannot index the model's embedding."""
         if self.max_token_id >= vocab_size:  # meta.json records the largest id: O(1) check

@@ -134,14 +134,18 @@ class Layer(nn.Module):
 
 
 def block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, ctx_valid: torch.Tensor,
-               block_size: int) -> torch.Tensor:
-    """Boolean [B, A*bs, S + A*bs]: query (block j, pos k) may see context position p < a_j
-    (and valid) and every position of block j; nothing else. A padding block (invalid
-    anchor) sees only itself, which keeps its softmax defined; its loss weight is 0."""
+               block_size: int, ctx_lo: torch.Tensor | None = None) -> torch.Tensor:
+    """Boolean [B, A*bs, S + A*bs]: query (block j, pos k) may see context position p with
+    ctx_lo_j <= p < a_j (and valid) and every position of block j; nothing else. ctx_lo
+    is the start of the anchor's document in a packed row (None: 0). A padding block
+    (invalid anchor) sees only itself, which keeps its softmax defined; its loss weight
+    is 0."""
     b, a = anchors.shape
     s = ctx_valid.shape[1]
     p = torch.arange(s, device=anchors.device)
     ctx_ok = (p[None, None, :] < anchors[:, :, None]) & ctx_valid[:, None, :]
+    if ctx_lo is not None:
+        ctx_ok = ctx_ok & (p[None, None, :] >= ctx_lo[:, :, None])
     ctx_ok = ctx_ok & anchor_valid[:, :, None]  # [B, A, S]
     blk = torch.arange(a, device=anchors.device)
     same = (blk[:, None] == blk[None, :]).expand(b, a, a)
@@ -150,7 +154,7 @@ def block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, ctx_valid: tor
     return torch.cat([ctx_part, blk_part], dim=2)
 
 
-def _tile_counts(anchors, anchor_valid, ctx_valid, block_size, tile):
+def _tile_counts(anchors, anchor_valid, ctx_valid, block_size, tile, ctx_lo=None):
     """Visible keys per (query block, key tile): [B, A, KV tiles], and each tile's width."""
     b, a = anchors.shape
     s = ctx_valid.shape[1]
@@ -163,16 +167,20 @@ def _tile_counts(anchors, anchor_valid, ctx_valid, block_size, tile):
     prefix = torch.zeros(b, s + 1, dtype=torch.int64, device=dev)
     prefix[:, 1:] = ctx_valid.long().cumsum(1)
     cut = anchors.clamp(max=s)[:, :, None]  # [B, A, 1]
-    upto = lambda x: torch.gather(prefix, 1, torch.minimum(cut, x.clamp(max=s)[None, None]  # noqa: E731
-                                                           .expand(b, a, n_kv)).flatten(1)).view(b, a, n_kv)
-    ctx = (upto(hi) - upto(lo)) * anchor_valid[:, :, None]
+    start = (torch.zeros_like(anchors) if ctx_lo is None else ctx_lo).clamp(max=s)[:, :, None]
+    at = lambda x: torch.gather(prefix, 1, x.flatten(1)).view(b, a, n_kv)  # noqa: E731
+    edge = lambda x: x.clamp(max=s)[None, None].expand(b, a, n_kv)  # noqa: E731
+    # visible context keys of a tile: valid positions in [tile lo, tile hi) and in
+    # [document start, anchor)
+    ctx = (at(torch.minimum(cut, edge(hi))) - at(torch.maximum(start, edge(lo)))).clamp(min=0)
+    ctx = ctx * anchor_valid[:, :, None]
     # own-block keys: [s + j*bs, s + (j+1)*bs) overlapped with each tile
-    start = s + torch.arange(a, device=dev)[:, None] * block_size
-    own = (torch.minimum(start + block_size, hi[None]) - torch.maximum(start, lo[None])).clamp(min=0)
+    first = s + torch.arange(a, device=dev)[:, None] * block_size
+    own = (torch.minimum(first + block_size, hi[None]) - torch.maximum(first, lo[None])).clamp(min=0)
     return ctx + own[None], hi - lo
 
 
-def flex_block_mask(anchors, anchor_valid, ctx_valid, block_size, tile: int = 128):
+def flex_block_mask(anchors, anchor_valid, ctx_valid, block_size, ctx_lo=None, tile: int = 128):
     """The same visibility as `block_mask`, as a flex_attention BlockMask built from tile
     counts: nothing of size [Q, KV] is ever made (an uncompiled `create_block_mask`
     evaluates the dense mask: +1 GB at 512 anchors x 3K context), and tiles whose every
@@ -186,7 +194,8 @@ def flex_block_mask(anchors, anchor_valid, ctx_valid, block_size, tile: int = 12
     q_len, kv_len = a * block_size, s + a * block_size
     per_tile = tile // block_size
     n_q = -(-a // per_tile)
-    counts, width = _tile_counts(anchors, anchor_valid, ctx_valid, block_size, tile)
+    counts, width = _tile_counts(anchors, anchor_valid, ctx_valid, block_size, tile, ctx_lo)
+    lo_of = torch.zeros_like(anchors) if ctx_lo is None else ctx_lo
     pad = n_q * per_tile - a  # blocks past the last query row: they make a tile partial
     counts = torch.nn.functional.pad(counts, (0, 0, 0, pad), value=-1)
     counts = counts.view(b, n_q, per_tile, -1)
@@ -200,8 +209,8 @@ def flex_block_mask(anchors, anchor_valid, ctx_valid, block_size, tile: int = 12
     def mask_mod(bi, _h, q_idx, kv_idx):
         blk = (q_idx // block_size).clamp(max=a - 1)
         is_ctx = kv_idx < s
-        ctx_ok = (is_ctx & (kv_idx < anchors[bi, blk]) & anchor_valid[bi, blk]
-                  & ctx_valid[bi, kv_idx.clamp(max=s - 1)])
+        ctx_ok = (is_ctx & (kv_idx < anchors[bi, blk]) & (kv_idx >= lo_of[bi, blk])
+                  & anchor_valid[bi, blk] & ctx_valid[bi, kv_idx.clamp(max=s - 1)])
         same_blk = ~is_ctx & ((kv_idx - s) // block_size == blk)
         return ctx_ok | same_blk
 
@@ -251,11 +260,15 @@ class DFlashDrafter(nn.Module):
     def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
         return self.hidden_norm(self.fc(target_hidden))
 
-    def forward(self, target_hidden, ctx_valid, anchors, anchor_valid, block_embeds):
+    def forward(self, target_hidden, ctx_valid, anchors, anchor_valid, block_embeds,
+                position_ids=None):
         """Final-normed hidden states of every block position: [B, A, bs, H].
 
         target_hidden [B, S, n*H]; ctx_valid [B, S] bool; anchors [B, A] positions;
-        anchor_valid [B, A] bool; block_embeds [B, A, bs, H] (anchor + mask embeddings).
+        anchor_valid [B, A] bool; block_embeds [B, A, bs, H] (anchor + mask embeddings);
+        position_ids [B, S] (packed rows: each token's position in its own document, so
+        rope restarts per document and a block sees only its anchor's document; None:
+        one document per row).
         """
         bs = self.spec.block_size
         b, a = anchors.shape
@@ -268,12 +281,17 @@ class DFlashDrafter(nn.Module):
         ctx = self.project_context(target_hidden)
         h = block_embeds.reshape(b, a * bs, -1)
         offs = torch.arange(bs, device=anchors.device)
-        q_pos = (anchors[:, :, None] + offs).reshape(b, a * bs)
-        kv_pos = torch.cat([torch.arange(s, device=anchors.device).expand(b, s), q_pos], dim=1)
+        ctx_pos = (torch.arange(s, device=anchors.device).expand(b, s) if position_ids is None
+                   else position_ids)
+        anchor_pos = torch.gather(ctx_pos, 1, anchors)
+        q_pos = (anchor_pos[:, :, None] + offs).reshape(b, a * bs)
+        kv_pos = torch.cat([ctx_pos, q_pos], dim=1)
+        # where the anchor's document starts (documents are contiguous in a row)
+        ctx_lo = None if position_ids is None else anchors - anchor_pos
         use_flex = self.attention == "flex" or (self.attention == "auto"
                                                  and anchors.device.type == "cuda")
         make = flex_block_mask if use_flex else block_mask
-        mask = make(anchors, anchor_valid, ctx_valid, bs)
+        mask = make(anchors, anchor_valid, ctx_valid, bs, ctx_lo)
         for layer in self.layers:
             h = layer(h, ctx, q_pos, kv_pos, mask)
         return self.norm(h).view(b, a, bs, -1)

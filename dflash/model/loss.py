@@ -34,20 +34,27 @@ def position_weights(block_size: int, gamma: float) -> torch.Tensor:
     return torch.exp(-(k - 1) / gamma)
 
 
-def anchor_candidates(loss_mask: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """[B, S] bool: positions a with loss_mask[a] and loss_mask[a+1] (both real tokens)."""
+def anchor_candidates(loss_mask: torch.Tensor, valid: torch.Tensor,
+                      position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, S] bool: positions a with loss_mask[a] and loss_mask[a+1] (both real tokens,
+    and in packed rows both in the same document)."""
     sup = loss_mask.bool() & valid.bool()
     cand = torch.zeros_like(sup)
     cand[:, :-1] = sup[:, :-1] & sup[:, 1:]
+    if position_ids is not None:
+        cand[:, :-1] &= position_ids[:, 1:] == position_ids[:, :-1] + 1
     return cand
 
 
 def sample_anchors(loss_mask: torch.Tensor, valid: torch.Tensor, num_anchors: int,
-                   generator: torch.Generator | None = None):
+                   generator: torch.Generator | None = None,
+                   position_ids: torch.Tensor | None = None):
     """anchors [B, num_anchors] (sorted: sorted anchors keep flex tiles dense) and
-    anchor_valid [B, num_anchors]; invalid slots hold position 0."""
+    anchor_valid [B, num_anchors]; invalid slots hold position 0. Slots are drawn
+    uniformly among a row's candidates, so in a packed row each document gets slots in
+    proportion to its supervised positions."""
     b, s = loss_mask.shape
-    cand = anchor_candidates(loss_mask, valid)
+    cand = anchor_candidates(loss_mask, valid, position_ids)
     score = torch.rand(b, s, generator=generator, device=loss_mask.device)
     score = torch.where(cand, score, torch.full_like(score, -1.0))
     k = min(int(num_anchors), s)
@@ -63,8 +70,9 @@ def sample_anchors(loss_mask: torch.Tensor, valid: torch.Tensor, num_anchors: in
     return anchors, ok
 
 
-def block_targets(ids, loss_mask, valid, anchors, anchor_valid, block_size):
-    """targets [B, A, bs-1] and supervision mask for block positions 1..bs-1."""
+def block_targets(ids, loss_mask, valid, anchors, anchor_valid, block_size, position_ids=None):
+    """targets [B, A, bs-1] and supervision mask for block positions 1..bs-1 (in packed
+    rows only positions still in the anchor's document are supervised)."""
     s = ids.shape[1]
     k = torch.arange(1, block_size, device=ids.device)
     pos = anchors[:, :, None] + k  # [B, A, bs-1]
@@ -72,6 +80,9 @@ def block_targets(ids, loss_mask, valid, anchors, anchor_valid, block_size):
     pos_c = pos.clamp(max=s - 1)
     flat = lambda x: torch.gather(x, 1, pos_c.flatten(1)).view_as(pos)  # noqa: E731
     sup = inside & flat(loss_mask.bool()) & flat(valid.bool()) & anchor_valid[:, :, None]
+    if position_ids is not None:
+        start = torch.gather(position_ids, 1, anchors)[:, :, None]
+        sup = sup & (flat(position_ids) == start + k)
     return flat(ids), sup
 
 
@@ -85,16 +96,18 @@ def block_embeddings(embed, ids, anchors, block_size, mask_token_id):
 
 def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, valid,
                  num_anchors: int, gamma: float, generator=None, chunk: int = 0,
-                 impl: str = "auto", anchors=None, chunk_mb: float = 256) -> LossOutput:
+                 impl: str = "auto", anchors=None, chunk_mb: float = 256,
+                 position_ids=None) -> LossOutput:
     """`anchors` (a pair from `sample_anchors`) may be given to reuse a draw."""
     spec = getattr(drafter, "module", drafter).spec  # through a DDP wrapper too
     bs = spec.block_size
     if anchors is None:
-        anchors = sample_anchors(loss_mask, valid, num_anchors, generator)
+        anchors = sample_anchors(loss_mask, valid, num_anchors, generator, position_ids)
     anchors, anchor_valid = anchors
     emb = block_embeddings(embed, ids, anchors, bs, spec.mask_token_id)
-    hidden = drafter(target_ctx, valid, anchors, anchor_valid, emb)[:, :, 1:]  # [B, A, bs-1, H]
-    targets, sup = block_targets(ids, loss_mask, valid, anchors, anchor_valid, bs)
+    hidden = drafter(target_ctx, valid, anchors, anchor_valid, emb,
+                     position_ids)[:, :, 1:]  # [B, A, bs-1, H]
+    targets, sup = block_targets(ids, loss_mask, valid, anchors, anchor_valid, bs, position_ids)
     # Unsupervised rows stay in with weight 0: a fixed row count, no boolean indexing
     # (which would read the count back to the host every step).
     w = position_weights(bs, gamma).to(hidden.device) * sup

@@ -149,12 +149,14 @@ class Target(nn.Module):
         return result, torch.cat([captured[i] for i in self.layer_ids], dim=-1)
 
     @torch.no_grad()
-    def context(self, input_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """[B, S, len(layer_ids) * H]: the outputs of the chosen layers, concatenated."""
+    def context(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, S, len(layer_ids) * H]: the outputs of the chosen layers, concatenated.
+        `position_ids` restarting at 0 (without an attention mask) mark packed documents:
+        no token attends across a restart."""
         _, ctx = self._run_capturing(
             lambda: self.base(input_ids=input_ids, attention_mask=attention_mask,
-                              use_cache=False), stop_early=True)
+                              position_ids=position_ids, use_cache=False), stop_early=True)
         return ctx
 
     @torch.no_grad()

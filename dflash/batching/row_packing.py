@@ -1,0 +1,70 @@
+"""Padding-free packing: whole samples, in the epoch's random order, into rows of a fixed
+length, `rows_per_batch` rows a batch (batching=packed).
+
+First fit over a window of open rows: each sample goes into the oldest open row with
+room for it; with none, a row opens, and when `window` rows are open the fullest one is
+closed first (it is the least likely to take another sample). Random order keeps the
+batches as diverse as `random`'s; the window lets short samples fill the gaps long ones
+leave, so rows end nearly full. Every sample lands in exactly one row; nothing depends
+on anything but the order given, so a plan is a pure function of (seed, epoch).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import DataError
+
+
+def first_fit_rows(lengths: np.ndarray, row_len: int, window: int) -> np.ndarray:
+    """Row id (int64, numbered as rows open) of each sample, in the order given."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if window < 1:
+        raise DataError(f"batching.pack_window must be >= 1, got {window}")
+    too_long = np.flatnonzero(lengths > row_len)
+    if len(too_long):
+        i = int(too_long[0])
+        raise DataError(f"batching.row_len={row_len} is shorter than a sample of "
+                        f"{int(lengths[i])} tokens ({len(too_long)} samples): a sample is never "
+                        "split across rows; raise batching.row_len or lower data.max_seq_len")
+    row_of = np.empty(len(lengths), dtype=np.int64)
+    free: list[int] = []  # room left in each open row, oldest first
+    ids: list[int] = []  # their row ids
+    smallest = int(lengths.min()) if len(lengths) else 0
+    next_id = 0
+    for k, n in enumerate(lengths.tolist()):
+        for j, room in enumerate(free):
+            if room >= n:
+                row_of[k] = ids[j]
+                room -= n
+                if room < smallest:  # nothing can join it any more: close it now
+                    del free[j], ids[j]
+                else:
+                    free[j] = room
+                break
+        else:
+            if len(free) >= window:  # close the fullest open row
+                j = free.index(min(free))
+                del free[j], ids[j]
+            row_of[k] = next_id
+            free.append(row_len - n)
+            ids.append(next_id)
+            next_id += 1
+    return row_of
+
+
+def packed_layout(order: np.ndarray, lengths: np.ndarray, row_len: int, rows_per_batch: int,
+                  window: int):
+    """(sample ids grouped by batch and row, batch offsets, row within batch of each
+    position, rows per batch). The last batch is filled up with empty rows, so every
+    batch has the same shape."""
+    row_of = first_fit_rows(lengths[order], row_len, window)
+    # group by row (stable: samples keep their random order inside a row)
+    by_row = np.argsort(row_of, kind="stable")
+    indices = order[by_row]
+    rows = row_of[by_row]
+    batch_of = rows // rows_per_batch
+    num_batches = int(batch_of[-1]) + 1 if len(batch_of) else 0
+    offsets = np.zeros(num_batches + 1, dtype=np.int64)
+    np.cumsum(np.bincount(batch_of, minlength=num_batches), out=offsets[1:])
+    return (indices.astype(np.int64), offsets, (rows % rows_per_batch).astype(np.int32),
+            np.full(num_batches, rows_per_batch, dtype=np.int64))

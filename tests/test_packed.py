@@ -1,0 +1,181 @@
+"""batching=packed: the plan (every sample once, one shape, nearly full rows) and the
+leakage tests: no document in a packed row changes anything of another one, for the
+target context, the drafter's outputs, its loss and its gradients."""
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dflash.batching import DataError, PackingSpec
+from dflash.batching.strategies import Planner
+from dflash.config import DrafterConfig, TargetConfig
+from dflash.model.drafter import DFlashDrafter, DrafterSpec, block_mask, flex_block_mask
+from dflash.model.loss import block_embeddings, block_targets, sample_anchors
+from dflash.model.target import Target
+
+SPEC = PackingSpec(token_budget=4096, max_batch_size=64, row_len=1024, pack_window=16)
+
+
+def _lengths(n=3000, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(4.8, 0.8, n), 24, 1024).astype(np.int64)
+
+
+def test_packed_plan_takes_every_sample_once_in_one_shape():
+    lengths = _lengths()
+    planner = Planner("packed", lengths, [0, 2000], SPEC, seed=3)
+    plans = [planner.epoch(e) for e in range(2)]
+    for plan in plans:
+        assert np.array_equal(np.sort(plan.indices), np.arange(len(lengths)))
+        assert (plan.batch_rows == 4).all() and (plan.seq_len == 1024).all()
+        for step in range(plan.num_batches):
+            b = plan[step]
+            fill = np.bincount(b.row_of, weights=lengths[b.sample_ids], minlength=4)
+            assert fill.max() <= 1024 and b.shape == (4, 1024)
+            assert b.num_tokens == int(lengths[b.sample_ids].sum())
+        assert plan.padding_efficiency > 0.97
+        assert plan.padded_tokens == plan.num_batches * 4 * 1024
+    # deterministic for (seed, epoch), different across epochs (random order)
+    again = Planner("packed", lengths, [0, 2000], SPEC, seed=3).epoch(1)
+    assert np.array_equal(again.indices, plans[1].indices)
+    assert np.array_equal(again.row_of, plans[1].row_of)
+    assert not np.array_equal(plans[0].indices, plans[1].indices)
+    # resume is a slice: batch k of the plan is batch k of the resumed iteration
+    assert np.array_equal(next(plans[1].batches(7)).sample_ids, plans[1][7].sample_ids)
+    with pytest.raises(DataError, match=r"row_len=1024 is shorter than a sample of 1500"):
+        Planner("packed", np.array([100, 1500]), [0, 2000], SPEC).epoch(0)
+
+
+def test_packed_layout_positions_restart_per_document(tmp_path):
+    from dflash.data.format import DatasetWriter
+    w = DatasetWriter(tmp_path / "ds", 100, {})
+    docs = [np.arange(1, 6), np.arange(10, 13), np.arange(20, 27)]
+    for d in docs:
+        w.add(d, np.ones(len(d), dtype=np.uint8))
+    ds = w.close()
+    ids, mask, valid, pos = ds.collate_packed([0, 1, 2], [0, 0, 1], 3, 10)
+    assert ids[0].tolist() == [1, 2, 3, 4, 5, 10, 11, 12, 0, 0]
+    assert pos[0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 1]
+    assert pos[1].tolist() == [0, 1, 2, 3, 4, 5, 6, 0, 1, 2] and valid[1].sum() == 7
+    assert not valid[2].any() and not mask[2].any()  # an empty filler row
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target.from_config(OmegaConf.structured(TargetConfig(dtype="float32")))
+
+
+def _row(docs, row_len):
+    """One packed row of the given documents (lists of ids) and its position ids."""
+    ids = torch.zeros(1, row_len, dtype=torch.long)
+    pos = torch.arange(row_len)[None].clone()
+    valid = torch.zeros(1, row_len, dtype=torch.bool)
+    at, spans = 0, []
+    for d in docs:
+        ids[0, at:at + len(d)] = torch.tensor(d)
+        pos[0, at:at + len(d)] = torch.arange(len(d))
+        valid[0, at:at + len(d)] = True
+        spans.append((at, at + len(d)))
+        at += len(d)
+    pos[0, at:] = torch.arange(row_len - at)
+    return ids, pos, valid, spans
+
+
+DOCS = [list(range(3, 40)), list(range(100, 121)), list(range(200, 250))]
+
+
+def test_target_context_of_a_packed_row_equals_each_document_alone(target):
+    ids, pos, _, spans = _row(DOCS, 128)
+    packed = target.context(ids, None, pos)
+    for d, (lo, hi) in zip(DOCS, spans):
+        alone = target.context(torch.tensor([d]))
+        torch.testing.assert_close(packed[:, lo:hi], alone, rtol=1e-5, atol=1e-5)
+
+
+def _drafter(target):
+    torch.manual_seed(0)
+    return DFlashDrafter(DrafterSpec.from_target(
+        target, OmegaConf.structured(DrafterConfig(num_layers=2))))
+
+
+def _per_doc_losses(target, drafter, docs, anchors_pair, row_len=128):
+    """Loss of the blocks anchored in each document (one scalar per document), with the
+    same anchors every time, through the target, the drafter and the LM head."""
+    ids, pos, valid, spans = _row(docs, row_len)
+    ctx = target.context(ids, None, pos)
+    anchors, ok = anchors_pair
+    emb = block_embeddings(target.embed_tokens, ids, anchors, drafter.spec.block_size,
+                           drafter.spec.mask_token_id)
+    out = drafter(ctx, valid, anchors, ok, emb, pos)
+    tgt, sup = block_targets(ids, valid, valid, anchors, ok, drafter.spec.block_size, pos)
+    logits = out[:, :, 1:] @ target.lm_head_weight.t()
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 2), tgt.flatten(), reduction="none")
+    ce = (ce.view_as(sup) * sup).sum(-1)[0]  # per block
+    doc_of = torch.tensor([next(i for i, (lo, hi) in enumerate(spans) if lo <= a < hi)
+                           for a in anchors[0].tolist()])
+    return out, sup, [ce[doc_of == i].sum() for i in range(len(docs))], doc_of
+
+
+@pytest.mark.parametrize("changed", [0, 1, 2])
+def test_changing_one_document_changes_nothing_of_the_others(target, changed):
+    drafter = _drafter(target)
+    ids, pos, valid, spans = _row(DOCS, 128)
+    anchors = sample_anchors(valid, valid, 24, torch.Generator().manual_seed(0), pos)
+    base_out, sup, base_loss, doc_of = _per_doc_losses(target, drafter, DOCS, anchors)
+    # blocks stay inside their document: no supervised position past its end
+    for j, a in enumerate(anchors[0][0].tolist()):
+        lo, hi = spans[int(doc_of[j])]
+        last = int(sup[0, j].nonzero().max()) if sup[0, j].any() else -1
+        assert a + 1 + last < hi
+    assert len(set(doc_of.tolist())) == 3  # every document got anchor slots
+    other = [list(d) for d in DOCS]
+    other[changed] = [t + 7 for t in other[changed]]
+    out, _, loss, _ = _per_doc_losses(target, drafter, other, anchors)
+    keep = doc_of != changed
+    torch.testing.assert_close(out[0, keep], base_out[0, keep], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(out[0, ~keep], base_out[0, ~keep], atol=1e-4)
+    for i in range(3):
+        if i == changed:
+            continue
+        torch.testing.assert_close(loss[i], base_loss[i], rtol=1e-5, atol=1e-5)
+        g0 = torch.autograd.grad(base_loss[i], list(drafter.parameters()), retain_graph=True)
+        g1 = torch.autograd.grad(loss[i], list(drafter.parameters()), retain_graph=True)
+        for a, b in zip(g0, g1):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_rope_restarts_per_document_in_the_drafter(target):
+    """A document packed after another gives the drafter the same outputs as alone."""
+    drafter = _drafter(target).eval()
+    ids, pos, valid, spans = _row(DOCS, 128)
+    ctx = target.context(ids, None, pos)
+    lo, hi = spans[2]
+    anchors = torch.tensor([[lo + 5, lo + 20]])
+    ok = torch.ones(1, 2, dtype=torch.bool)
+    emb = block_embeddings(target.embed_tokens, ids, anchors, 16, drafter.spec.mask_token_id)
+    packed = drafter(ctx, valid, anchors, ok, emb, pos)
+    alone_ids = torch.tensor([DOCS[2]])
+    alone = drafter(target.context(alone_ids), torch.ones_like(alone_ids, dtype=torch.bool),
+                    anchors - lo, ok, emb)
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_flex_mask_with_documents_equals_the_dense_mask():
+    g = torch.Generator().manual_seed(5)
+    b, s, a = 2, 300, 20
+    anchors = torch.sort(torch.randint(0, s, (b, a), generator=g), 1).values
+    ok = torch.rand(b, a, generator=g) > 0.2
+    valid = torch.rand(b, s, generator=g) > 0.1
+    ctx_lo = (anchors - torch.randint(0, 60, (b, a), generator=g)).clamp(min=0)
+    dense = block_mask(anchors, ok, valid, 16, ctx_lo)
+    bm = flex_block_mask(anchors, ok, valid, 16, ctx_lo)
+    q, kv = dense.shape[1:]
+    qt, k, v = torch.randn(b, 2, q, 16), torch.randn(b, 2, kv, 16), torch.randn(b, 2, kv, 16)
+    from torch.nn.attention.flex_attention import flex_attention
+    out = flex_attention(qt, k, v, block_mask=bm)
+    ref = torch.nn.functional.scaled_dot_product_attention(qt, k, v, attn_mask=dense[:, None])
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    # documents make tiles sparser: fewer listed tiles than without them
+    plain = flex_block_mask(anchors, ok, valid, 16)
+    listed = lambda m: int(m.kv_num_blocks.sum() + m.full_kv_num_blocks.sum())  # noqa: E731
+    assert listed(bm) <= listed(plain)
