@@ -38,9 +38,11 @@ def main():
     print(f"{'strategy':>18}  {'plan s (best)':>13}  {'median':>7}  {'resume s':>8}  "
           f"{'efficiency':>10}  {'mixing':>7}  {'pair_repeat':>11}")
     for strategy, window in [("sorted", 0), ("random", 0), ("bucketed", 0),
-                             ("bucketed+window4", 4), ("megabatch", 4)]:
+                             ("bucketed+window4", 4), ("megabatch", 4), ("packed", 0)]:
         name = strategy.split("+")[0]
-        planner = Planner(name, lengths, SEED6, PackingSpec(49152, 64, window), seed=0)
+        # packed: rows of data.max_seq_len = 8192 tokens, 6 a batch
+        spec = PackingSpec(49152, 64, window, row_len=8192)
+        planner = Planner(name, lengths, SEED6, spec, seed=0)
         epoch = [3]
 
         def plan_one():
@@ -50,7 +52,7 @@ def main():
 
         # resume at (epoch 7, middle step): rebuild that epoch's plan, take the tail
         def resume():
-            p = Planner(name, lengths, SEED6, PackingSpec(49152, 64, window), seed=0).epoch(7)
+            p = Planner(name, lengths, SEED6, spec, seed=0).epoch(7)
             next(iter(p.batches(start_step=len(p) // 2)))
         rbest, _ = best_of(resume, 3)
         rep = plan_report(planner, epochs=2)

@@ -229,6 +229,10 @@ class CheckpointConfig:
     every_steps: int = 0
     keep: int = 2  # newest checkpoints kept
     force_resume: bool = False  # resume even though the plan settings changed
+    # after a preemption checkpoint, requeue the SLURM job (`scontrol requeue`, as
+    # submitit does): auto = when running under SLURM (SLURM_JOB_ID set); the requeued
+    # job needs resume=auto to go on
+    requeue: str = "auto"
 
 
 @dataclass

@@ -39,7 +39,7 @@ from .model.drafter import DFlashDrafter, DrafterSpec
 from .optim import build_optimizer
 from .shapes import build_shape_plan
 from .sources import build_sources
-from .state import Checkpointer, SignalStop
+from .state import Checkpointer, SignalStop, requeue_job
 from .pipeline import DrafterClock, Pipeline, StageTimes
 from .step import StepMetrics, TrainStep, seeded_generator
 from .topology import build_topology
@@ -188,6 +188,8 @@ class Runner:
             summary = self.train(logger)
             if summary["preempted"]:  # checkpoint written: stop cleanly, resume=auto goes on
                 summary["wall_seconds"] = time.time() - t_start
+                summary["requeued"] = (requeue_job(str(cfg.checkpoint.requeue))
+                                       if topo.is_main else None)
                 if topo.is_main:
                     self.out_dir.mkdir(parents=True, exist_ok=True)
                     (self.out_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2))

@@ -189,7 +189,7 @@ class ShapePlan:
         return len({self.run_shape(b, s) for b, s in pairs})
 
     def for_batch(self, batch) -> Shape:
-        return self.run_shape(batch.batch_size, batch.seq_len)
+        return self.run_shape(batch.num_rows, batch.seq_len)
 
     def report(self) -> dict:
         """Per epoch: distinct shapes (natural, rounded, run), padded tokens, coverage.

@@ -55,6 +55,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fault_pause() -> None:
+    """Fault injection for the kill-during-write test: DFLASH_FAULT_CHECKPOINT_PAUSE=S
+    holds every write for S seconds between the state file and the metadata."""
+    pause = float(os.environ.get("DFLASH_FAULT_CHECKPOINT_PAUSE", 0) or 0)
+    if pause > 0:
+        import time
+        time.sleep(pause)
+
+
 def save(ckpt_dir: Path, step: int, state: dict, meta: dict, keep: int = 2) -> Path:
     """Write atomically; keep the newest `keep`. A full disk leaves the previous valid
     checkpoint in place and raises a DataError saying so."""
@@ -62,13 +71,16 @@ def save(ckpt_dir: Path, step: int, state: dict, meta: dict, keep: int = 2) -> P
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step-{step:09d}"
     tmp = ckpt_dir / f".tmp-step-{step:09d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    # only rank 0 writes, so any other temporary dir is a write a killed run left behind
+    for stale in ckpt_dir.glob(".tmp-step-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     try:
         tmp.mkdir()
         with open(tmp / "state.pt", "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        _fault_pause()
         meta = {**meta, "step": step, "sha256": _sha256(tmp / "state.pt")}
         with open(tmp / "meta.json", "w") as f:
             json.dump(meta, f, indent=2)
@@ -183,12 +195,39 @@ class Checkpointer:
                 "position": meta["position"], "path": str(path)}
 
 
+def requeue_job(policy: str) -> str | None:
+    """After a preemption checkpoint: ask SLURM to requeue this job (what submitit does
+    for its own checkpointable jobs). Returns what was done, for the summary; a failed
+    request is a warning, never an error (the checkpoint is already safe)."""
+    import subprocess
+    policy = str(policy).lower()
+    if policy not in ("auto", "true", "false"):
+        raise DataError(f"checkpoint.requeue must be auto, true or false, got {policy!r}")
+    job = os.environ.get("SLURM_ARRAY_JOB_ID") and (
+        f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}")
+    job = job or os.environ.get("SLURM_JOB_ID")
+    if policy == "false" or (policy == "auto" and not job):
+        return None
+    if not job:
+        log.warning("checkpoint.requeue=true but SLURM_JOB_ID is not set: not requeued")
+        return None
+    try:
+        subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True,
+                       text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("could not requeue SLURM job %s (%s); resume it with resume=auto", job, exc)
+        return None
+    log.info("requeued SLURM job %s", job)
+    return job
+
+
 class SignalStop:
     """SIGTERM / SIGUSR1 (what SLURM sends before preemption) ask the run to checkpoint
     and stop at the next step boundary. With several ranks the request is agreed at the
     metric syncs (an all-reduce), so every rank stops after the same step."""
 
-    SIGNALS = ("SIGTERM", "SIGUSR1")
+    # SIGUSR2: submitit's preemption / timeout signal (hydra/launcher=submitit_slurm)
+    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 
     def __init__(self, topo):
         import signal

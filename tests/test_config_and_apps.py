@@ -38,7 +38,7 @@ def test_defaults_and_experiment():
     ("batching.token_budget=lots", "token_budget"),
     ("data.num_sampels=3", "num_sampels"),
     ("buckets=seed7", "seed7"),
-    ("batching.strategy=sortd", "expected one of \\[sorted, random, bucketed, megabatch\\]"),
+    ("batching.strategy=sortd", "expected one of \\[sorted, random, bucketed, megabatch, packed\\]"),
     ("data.overlong=cut", "data.overlong"),
 ])
 def test_bad_overrides_name_the_key(override, match):
@@ -151,4 +151,10 @@ def test_train_experiments_compose(exp):
     assert cfg.model.drafter.num_anchors > 0
     if exp == "compare_shuffles":
         assert cfg.optim.max_tokens > 0 and cfg.logger.name == "wandb"
+        import yaml
+        doc = yaml.safe_load((REPO / "conf" / "experiment" / "compare_shuffles.yaml").read_text())
+        assert doc["hydra"]["sweeper"]["params"]["shuffle"].split(",") == [
+            "sorted", "random", "bucketed_quantile", "bucketed_geometric", "megabatch", "packed"]
+        for s in doc["hydra"]["sweeper"]["params"]["shuffle"].split(","):
+            _compose("train", [f"experiment={exp}", f"shuffle={s}"])
         assert cfg.logger.mode in ("offline", "disabled")  # no account needed

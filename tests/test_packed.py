@@ -179,3 +179,34 @@ def test_flex_mask_with_documents_equals_the_dense_mask():
     plain = flex_block_mask(anchors, ok, valid, 16)
     listed = lambda m: int(m.kv_num_blocks.sum() + m.full_kv_num_blocks.sum())  # noqa: E731
     assert listed(bm) <= listed(plain)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_packed_plan_invariants(data):
+    row_len = data.draw(st.integers(8, 600))
+    rows = data.draw(st.integers(1, 6))
+    lengths = np.array(data.draw(st.lists(st.integers(1, row_len), min_size=1, max_size=300)))
+    spec = PackingSpec(row_len * rows, 64, row_len=row_len,
+                       pack_window=data.draw(st.integers(1, 40)))
+    seed, epoch = data.draw(st.integers(0, 2**31)), data.draw(st.integers(0, 100))
+    plan = Planner("packed", lengths, [0, 10], spec, seed=seed).epoch(epoch)
+    assert np.array_equal(np.sort(plan.indices), np.arange(len(lengths)))
+    assert (plan.batch_rows == rows).all() and (plan.seq_len == row_len).all()
+    batch_of = np.repeat(np.arange(plan.num_batches), plan.batch_sizes)
+    fill = np.bincount(batch_of * rows + plan.row_of, weights=lengths[plan.indices])
+    assert fill.max() <= row_len and (0 <= plan.row_of).all() and (plan.row_of < rows).all()
+    assert plan.useful_tokens == int(lengths.sum())
+    assert plan.padded_tokens == plan.num_batches * rows * row_len
+    again = Planner("packed", lengths, [0, 10], spec, seed=seed).epoch(epoch)
+    assert np.array_equal(again.indices, plan.indices)
+    assert np.array_equal(again.row_of, plan.row_of)
+    # a shard is a plan of whole batches: rows stay with their samples
+    half = plan.take(np.arange(plan.num_batches)[::2])
+    for k in range(half.num_batches):
+        b, ref = half[k], plan[2 * k]
+        assert np.array_equal(b.sample_ids, ref.sample_ids)
+        assert np.array_equal(b.row_of, ref.row_of) and b.shape == ref.shape

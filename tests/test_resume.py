@@ -50,13 +50,27 @@ def reference(tmp_path_factory, world_cache):
     return _final(run)
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGKILL during a checkpoint write"])
 def test_interrupted_run_resumes_exactly(tmp_path, world_cache, reference, how):
+    import os
     run = tmp_path / "run"
+    during_write = how.endswith("write")
+    env = {**os.environ, "DFLASH_FAULT_CHECKPOINT_PAUSE": "3" if during_write else "0"}
     proc = subprocess.Popen(_args(world_cache, run), cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    _wait_for(run / "checkpoints" / "step-000000010", proc)
-    proc.send_signal(getattr(signal, how))
+                            stderr=subprocess.PIPE, text=True, env=env)
+    if during_write:  # step 10's state file is on disk, its metadata not yet
+        _wait_for(run / "checkpoints" / "step-000000005", proc)
+        t0 = time.time()
+        while not list((run / "checkpoints").glob(".tmp-step-000000010-*/state.pt")):
+            assert proc.poll() is None and time.time() - t0 < 200
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=120)
+        assert not (run / "checkpoints" / "step-000000010").exists()
+    else:
+        _wait_for(run / "checkpoints" / "step-000000010", proc)
+        proc.send_signal(getattr(signal, how))
     _, err = proc.communicate(timeout=120)
     if how == "SIGTERM":  # saves at the next step boundary and exits cleanly
         assert proc.returncode == 0, err[-2000:]
@@ -66,6 +80,8 @@ def test_interrupted_run_resumes_exactly(tmp_path, world_cache, reference, how):
     else:
         assert proc.returncode == -signal.SIGKILL
     summary = _finish(world_cache, run, "resume=auto")
+    if during_write:  # the partial write was never loaded: back to step 5
+        assert summary["resumed_from"].endswith("step-000000005")
     assert summary["resumed_from"] and summary["steps"] == 40
     weights, seen = _final(run)
     ref_weights, ref_seen = reference
@@ -141,3 +157,27 @@ def test_two_gloo_ranks_preempted_then_resumed(tmp_path, world_cache):
     a, b = (json.loads((d / "summary.json").read_text()) for d in (ref, run))
     assert b["resumed_from"] and b["steps"] == a["steps"]
     assert b["replica_digests"] == a["replica_digests"] and len(set(a["replica_digests"])) == 1
+
+
+def test_preemption_under_slurm_checkpoints_then_requeues(tmp_path, world_cache):
+    """SIGUSR1 (SLURM's warning) or SIGUSR2 (submitit's): checkpoint, exit 0, and
+    `scontrol requeue` the job, so the requeued job resumes with resume=auto."""
+    import os
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "scontrol.log"
+    fake = bin_dir / "scontrol"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    run = tmp_path / "run"
+    proc = subprocess.Popen(_args(world_cache, run), cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    _wait_for(run / "checkpoints" / "step-000000005", proc)
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    cut = json.loads((run / "summary.json").read_text())
+    assert cut["preempted"] == "SIGUSR2" and cut["requeued"] == "4242"
+    assert log.read_text().split() == ["requeue", "4242"]
+    assert (run / "checkpoints" / f"step-{cut['steps']:09d}").exists()

@@ -18,7 +18,7 @@ def planning_problem(draw):
     return lengths, boundaries, PackingSpec(budget, cap, window), seed
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "packed"])  # test_packed.py
 @settings(max_examples=60, deadline=None)
 @given(problem=planning_problem(), epoch=st.integers(0, 1000))
 def test_plan_invariants(strategy, problem, epoch):

@@ -57,6 +57,9 @@ class Planner:
         self.lengths = check_lengths(lengths)
         if strategy != "packed":  # packed rows have their own limit (row_len)
             check_fits_budget(self.lengths, spec.token_budget)
+        if strategy == "packed" and not 0 < spec.row_len <= spec.token_budget:
+            raise DataError(f"batching.row_len={spec.row_len} must be in [1, token_budget="
+                            f"{spec.token_budget}] for batching=packed")
         if strategy == "packed":  # one shape, no buckets: a single bucket holds all
             top = max(spec.row_len, int(self.lengths.max(initial=0))) + 1
             boundaries = np.array([0, top], dtype=np.int64)

@@ -281,9 +281,10 @@ class DFlashDrafter(nn.Module):
         ctx = self.project_context(target_hidden)
         h = block_embeds.reshape(b, a * bs, -1)
         offs = torch.arange(bs, device=anchors.device)
-        ctx_pos = (torch.arange(s, device=anchors.device).expand(b, s) if position_ids is None
-                   else position_ids)
-        anchor_pos = torch.gather(ctx_pos, 1, anchors)
+        if position_ids is None:  # (in decoding an anchor may sit just past the context)
+            ctx_pos, anchor_pos = torch.arange(s, device=anchors.device).expand(b, s), anchors
+        else:
+            ctx_pos, anchor_pos = position_ids, torch.gather(position_ids, 1, anchors)
         q_pos = (anchor_pos[:, :, None] + offs).reshape(b, a * bs)
         kv_pos = torch.cat([ctx_pos, q_pos], dim=1)
         # where the anchor's document starts (documents are contiguous in a row)
