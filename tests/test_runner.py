@@ -76,3 +76,15 @@ def test_runner_is_deterministic_for_a_seed(tmp_path, cache):
         runs.append(r.drafter.state_dict())
     for k in runs[0]:
         assert torch.equal(runs[0][k], runs[1][k]), k
+
+
+def test_runner_trains_packed_rows_in_one_shape(tmp_path, cache):
+    r = _runner(cache, tmp_path, ["batching=packed", "epochs=1", "optim.max_steps=6",
+                                  "eval.enabled=false"])
+    summary = r.run()
+    assert summary["strategy"] == "packed" and summary["steps"] == 6
+    assert summary["warmup_shapes"] == [[4, 1024, r.cfg.model.drafter.num_anchors]]
+    assert summary["padding_efficiency"] > 0.95  # real tokens / row slots of the steps run
+    assert summary["final_loss"] < summary["initial_loss"]
+    first = r.shard(0)[0]
+    assert first.row_of is not None and first.shape == (4, 1024)
