@@ -126,6 +126,9 @@ class BatchingConfig:
     # a batch, first fit over pack_window open rows (batching/row_packing.py)
     row_len: int = 0
     pack_window: int = 32
+    # anchor slots per packed row; 0: as many as the row's documents would get unpacked
+    # (row_packing.anchor_slots_per_row)
+    anchors_per_row: int = 0
 
 
 @dataclass

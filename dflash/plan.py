@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from . import config as _config  # noqa: F401  (registers the schemas)
 from .batching.buckets import resolve_boundaries
+from .batching.row_packing import anchor_slots_per_row
 from .batching.report import format_report, plan_report
 from .batching.strategies import build_planner
 from .config import choice
@@ -58,9 +59,13 @@ def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
     report["buckets_preset"] = cfg.buckets.name
     report["data"] = data.info
     report["settings"] = run_settings(cfg)
+    anchors = int(cfg.anchors)
+    if planner.strategy == "packed":
+        anchors = report["anchors_per_row"] = anchor_slots_per_row(
+            data.lengths, anchors, planner.spec.row_len, int(cfg.batching.anchors_per_row))
     # the closed shape set training would warm for these plans (`warmup=...`)
     report["warmup"] = build_shape_plan([planner.epoch(e) for e in range(int(cfg.epochs))],
-                                        cfg.warmup, int(cfg.anchors)).report()
+                                        cfg.warmup, anchors).report()
     return report
 
 

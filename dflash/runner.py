@@ -39,6 +39,7 @@ from .model.drafter import DFlashDrafter, DrafterSpec
 from .optim import build_optimizer
 from .shapes import build_shape_plan
 from .sources import build_sources
+from .batching.row_packing import anchor_slots_per_row
 from .state import Checkpointer, SignalStop, requeue_job
 from .pipeline import DrafterClock, Pipeline, StageTimes
 from .step import StepMetrics, TrainStep, seeded_generator
@@ -84,8 +85,9 @@ class Runner:
         self.total_steps = total
         self.num_epochs = -(-total // self.steps_per_epoch)
         # every epoch's whole plan (all ranks' batches): each rank warms the same shapes
+        self.num_anchors = self.anchor_slots()
         self.shapes = build_shape_plan([self.planner.epoch(e) for e in range(self.num_epochs)],
-                                       cfg.warmup, int(cfg.model.drafter.num_anchors))
+                                       cfg.warmup, self.num_anchors)
         self.drafter = self.build_drafter()
         local = self.compiled(self.drafter)
         module = local
@@ -97,13 +99,23 @@ class Runner:
         dc = cfg.model.drafter
         self.step = TrainStep(
             self.target, self.drafter, self.optimizer, self.scheduler,
-            num_anchors=dc.num_anchors, gamma=dc.gamma, grad_clip=cfg.optim.grad_clip,
+            num_anchors=self.num_anchors, anchors_per_document=int(dc.num_anchors),
+            gamma=dc.gamma, grad_clip=cfg.optim.grad_clip,
             loss_chunk=cfg.model.loss_chunk, loss_chunk_mb=cfg.model.loss_chunk_mb, loss_impl=choice(cfg.model.loss_impl),
             autocast=choice(cfg.model.autocast),
             generator=seeded_generator(self.topo.drafter_device, int(cfg.seed), self.topo.rank),
             module=module, local=local, log_grad_norm=bool(cfg.logger.grad_norm),
             nonfinite=choice(cfg.optim.nonfinite))
         return self
+
+    def anchor_slots(self) -> int:
+        """Anchor slots per row: the drafter's num_anchors, or for packed rows the slots
+        their documents would get unpacked (row_packing.anchor_slots_per_row)."""
+        n = int(self.cfg.model.drafter.num_anchors)
+        if self.planner.strategy != "packed":
+            return n
+        return anchor_slots_per_row(self.sources.data.lengths, n, self.planner.spec.row_len,
+                                    int(self.cfg.batching.anchors_per_row))
 
     def steps_for_tokens(self, budget: int, limit: int) -> int:
         """Steps until every rank together has trained on `budget` real tokens, from the

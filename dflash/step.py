@@ -66,7 +66,8 @@ class TrainStep:
                  loss_chunk_mb: float = 256,
                  loss_impl: str = "auto", autocast: str = "auto",
                  generator: torch.Generator | None = None, module=None, local=None,
-                 log_grad_norm: bool = True, nonfinite: str = "stop"):
+                 log_grad_norm: bool = True, nonfinite: str = "stop",
+                 anchors_per_document: int = 0):
         self.target, self.drafter = target, drafter
         # `module` runs the training forward (a DDP wrapper of `local`); `local` is the
         # same forward without DDP (compiled when `model.compile` is on), for warmup;
@@ -77,6 +78,8 @@ class TrainStep:
         self.num_anchors, self.gamma, self.grad_clip = int(num_anchors), float(gamma), float(grad_clip)
         self.loss_chunk, self.loss_impl, self.autocast = int(loss_chunk), loss_impl, autocast
         self.loss_chunk_mb = float(loss_chunk_mb)
+        # packed rows: each document's cap (model.drafter.num_anchors), loss.sample_anchors
+        self.anchors_per_document = int(anchors_per_document)
         self.log_grad_norm = bool(log_grad_norm)
         if nonfinite not in ("stop", "skip"):
             raise ValueError(f"optim.nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
@@ -107,7 +110,8 @@ class TrainStep:
                                 self.target.lm_head_weight, b.ids, b.loss_mask, b.valid,
                                 self.num_anchors, self.gamma, generator,
                                 chunk=self.loss_chunk, impl=self.loss_impl,
-                                chunk_mb=self.loss_chunk_mb, position_ids=b.position_ids)
+                                chunk_mb=self.loss_chunk_mb, position_ids=b.position_ids,
+                                anchors_per_document=self.anchors_per_document)
 
     def warm_step(self, b: DeviceBatch, ctx: torch.Tensor) -> None:
         """Forward and backward of the real step without the update (the bare drafter:

@@ -210,3 +210,32 @@ def test_packed_plan_invariants(data):
         b, ref = half[k], plan[2 * k]
         assert np.array_equal(b.sample_ids, ref.sample_ids)
         assert np.array_equal(b.row_of, ref.row_of) and b.shape == ref.shape
+
+
+def test_packed_rows_get_the_anchor_slots_their_documents_would_get_alone():
+    from dflash.batching.row_packing import anchor_slots_per_row
+    lengths = np.full(1000, 128)
+    # 8 documents of 128 a row, 32 slots each when unpacked
+    assert anchor_slots_per_row(lengths, 32, 1024) == 256
+    # documents shorter than num_anchors bring only their own positions
+    assert anchor_slots_per_row(np.full(10, 16), 32, 1024) == 1024
+    assert anchor_slots_per_row(lengths, 32, 1024, configured=100) == 100
+    mixed = np.array([100, 300] * 50)  # mean 200: 5.12 documents a row, min(L, 64) = 64
+    assert anchor_slots_per_row(mixed, 64, 1024) == 328  # ceil(64 * 5.12) -> multiple of 8
+
+
+def test_each_packed_document_gets_at_most_the_slots_it_would_get_alone():
+    # documents with 6, 51 and 201 supervised positions (5, 50, 200 anchor candidates)
+    _, pos, valid, spans = _row([list(range(6)), list(range(51)), list(range(201))], 300)
+    counts = []
+    for seed in range(5):
+        anchors, ok = sample_anchors(valid, valid, 128, torch.Generator().manual_seed(seed),
+                                     pos, per_document=32)
+        a = anchors[0][ok[0]]
+        counts.append([int(((a >= lo) & (a < hi)).sum()) for lo, hi in spans])
+        assert (a[1:] > a[:-1]).all()  # sorted, distinct
+    assert counts == [[5, 32, 32]] * 5
+    # without the cap the row's slots follow the candidates: the long document dominates
+    anchors, ok = sample_anchors(valid, valid, 128, torch.Generator().manual_seed(0), pos)
+    a = anchors[0][ok[0]]
+    assert int(((a >= spans[2][0]) & (a < spans[2][1])).sum()) > 64

@@ -83,7 +83,9 @@ def test_runner_trains_packed_rows_in_one_shape(tmp_path, cache):
                                   "eval.enabled=false"])
     summary = r.run()
     assert summary["strategy"] == "packed" and summary["steps"] == 6
-    assert summary["warmup_shapes"] == [[4, 1024, r.cfg.model.drafter.num_anchors]]
+    # a row of ~8 documents gets the anchor slots they would get unpacked
+    assert r.num_anchors > 4 * r.cfg.model.drafter.num_anchors
+    assert summary["warmup_shapes"] == [[4, 1024, r.num_anchors]]
     assert summary["padding_efficiency"] > 0.95  # real tokens / row slots of the steps run
     assert summary["final_loss"] < summary["initial_loss"]
     first = r.shard(0)[0]

@@ -52,6 +52,22 @@ def first_fit_rows(lengths: np.ndarray, row_len: int, window: int) -> np.ndarray
     return row_of
 
 
+def anchor_slots_per_row(lengths: np.ndarray, num_anchors: int, row_len: int,
+                         configured: int = 0) -> int:
+    """Anchor slots of one packed row. A row holds row_len / mean length documents, and
+    each would get up to `num_anchors` slots as a row of its own, so the row gets that
+    many in total: sum over its expected documents of min(num_anchors, length), rounded
+    up to a multiple of 8. This keeps the supervised blocks per real token (and the
+    drafter's work per token) the same as the other strategies; a row with the samples'
+    own `num_anchors` would train on a fraction of the blocks. `configured` > 0 wins."""
+    if configured > 0:
+        return int(configured)
+    lengths = np.asarray(lengths, dtype=np.float64)
+    per_doc = float(np.minimum(lengths, num_anchors).mean())
+    slots = per_doc * row_len / float(lengths.mean())
+    return int(min(row_len, max(num_anchors, -(-int(np.ceil(slots)) // 8) * 8)))
+
+
 def packed_layout(order: np.ndarray, lengths: np.ndarray, row_len: int, rows_per_batch: int,
                   window: int):
     """(sample ids grouped by batch and row, batch offsets, row within batch of each

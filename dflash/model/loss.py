@@ -46,16 +46,37 @@ def anchor_candidates(loss_mask: torch.Tensor, valid: torch.Tensor,
     return cand
 
 
+def _per_document_cap(score: torch.Tensor, cand: torch.Tensor, position_ids: torch.Tensor,
+                      cap: int) -> torch.Tensor:
+    """Candidates that rank among the `cap` best scores of their own document: a packed
+    document then gets at most the slots it would get as a row of its own."""
+    doc = torch.cumsum((position_ids == 0).long(), dim=1)  # documents are contiguous
+    # sort by (document, candidates first by falling score): keys stay in [doc, doc + 1)
+    key = doc.double() + torch.where(cand, (1.0 - score.double()) * 0.5,
+                                     torch.full_like(score, 0.75, dtype=torch.float64))
+    key_sorted, order = torch.sort(key, dim=1)
+    doc_sorted = key_sorted.floor().contiguous()
+    first = torch.searchsorted(doc_sorted, doc_sorted, side="left")
+    rank = torch.arange(key.shape[1], device=key.device)[None] - first
+    keep = torch.zeros_like(cand)
+    keep.scatter_(1, order, rank < cap)
+    return cand & keep
+
+
 def sample_anchors(loss_mask: torch.Tensor, valid: torch.Tensor, num_anchors: int,
                    generator: torch.Generator | None = None,
-                   position_ids: torch.Tensor | None = None):
+                   position_ids: torch.Tensor | None = None, per_document: int = 0):
     """anchors [B, num_anchors] (sorted: sorted anchors keep flex tiles dense) and
     anchor_valid [B, num_anchors]; invalid slots hold position 0. Slots are drawn
-    uniformly among a row's candidates, so in a packed row each document gets slots in
-    proportion to its supervised positions."""
+    uniformly among a row's candidates. In a packed row with `per_document` > 0 each
+    document first keeps at most that many candidates (uniformly drawn), as if it were a
+    row of its own with that many slots: training then sees the same blocks, document
+    by document, as unpacked training (tested: equal losses step by step)."""
     b, s = loss_mask.shape
     cand = anchor_candidates(loss_mask, valid, position_ids)
     score = torch.rand(b, s, generator=generator, device=loss_mask.device)
+    if position_ids is not None and per_document > 0:
+        cand = _per_document_cap(score, cand, position_ids, int(per_document))
     score = torch.where(cand, score, torch.full_like(score, -1.0))
     k = min(int(num_anchors), s)
     top = score.topk(k, dim=1)
@@ -97,12 +118,13 @@ def block_embeddings(embed, ids, anchors, block_size, mask_token_id):
 def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, valid,
                  num_anchors: int, gamma: float, generator=None, chunk: int = 0,
                  impl: str = "auto", anchors=None, chunk_mb: float = 256,
-                 position_ids=None) -> LossOutput:
+                 position_ids=None, anchors_per_document: int = 0) -> LossOutput:
     """`anchors` (a pair from `sample_anchors`) may be given to reuse a draw."""
     spec = getattr(drafter, "module", drafter).spec  # through a DDP wrapper too
     bs = spec.block_size
     if anchors is None:
-        anchors = sample_anchors(loss_mask, valid, num_anchors, generator, position_ids)
+        anchors = sample_anchors(loss_mask, valid, num_anchors, generator, position_ids,
+                                 anchors_per_document)
     anchors, anchor_valid = anchors
     emb = block_embeddings(embed, ids, anchors, bs, spec.mask_token_id)
     hidden = drafter(target_ctx, valid, anchors, anchor_valid, emb,
