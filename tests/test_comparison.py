@@ -14,13 +14,14 @@ def test_compare_shuffles_multirun_writes_the_comparison(tmp_path, world_cache):
                       f"data.cache_dir={world_cache}", "eval.num_prompts=3", "eval.max_new_tokens=8",
                       "optim.max_tokens=9000", "eval.every_steps=2", "logger.mode=offline",
                       "logger.progress=false", f"hydra.sweep.dir={sweep}",
-                      # three of the experiment's six strategies keep the suite short (the
-                      # full list is checked by test_config_and_apps' compose test)
-                      "shuffle=sorted,random,packed")
+                      # two of the experiment's six strategies keep the suite short (the
+                      # full list is checked by test_config_and_apps' compose test); fewer
+                      # packed anchor slots keep its dense CPU attention small
+                      "shuffle=sorted,packed", "batching.anchors_per_row=64")
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name[0].isdigit())
-    assert len(jobs) == 3, proc.stdout[-2000:]
+    assert len(jobs) == 2, proc.stdout[-2000:]
     rows = json.loads((sweep / "comparison.json").read_text())
-    assert [r["run"] for r in rows] == [f"shuffle={s}" for s in ("sorted", "random", "packed")]
+    assert [r["run"] for r in rows] == [f"shuffle={s}" for s in ("sorted", "packed")]
     for r in rows:
         assert {"strategy", "padding_efficiency", "tokens_per_second", "pair_repeat_rate",
                 "length_mixing", "final_loss", "acceptance_length"} <= set(r)
@@ -28,12 +29,10 @@ def test_compare_shuffles_multirun_writes_the_comparison(tmp_path, world_cache):
         # the same budget of real tokens: every job stops just past it
         assert 9000 <= r["real_tokens"] < 9000 + 4096
     by = {r["run"]: r for r in rows}
-    assert by["shuffle=sorted"]["padding_efficiency"] > by["shuffle=random"]["padding_efficiency"]
-    assert by["shuffle=sorted"]["pair_repeat_rate"] > by["shuffle=random"]["pair_repeat_rate"]
     # packed: random's diversity at (better than) sorted's efficiency
     assert by["shuffle=packed"]["padding_efficiency"] > 0.95
     assert by["shuffle=packed"]["pair_repeat_rate"] < by["shuffle=sorted"]["pair_repeat_rate"]
-    assert "| shuffle=random | random |" in (sweep / "comparison.md").read_text()
+    assert "| shuffle=packed | packed |" in (sweep / "comparison.md").read_text()
     assert (sweep / "comparison.png").stat().st_size > 10_000
     # one offline W&B run per job, each in its own run dir, plus the comparison's
     for job in jobs:

@@ -28,7 +28,8 @@ def _free_port():
 def test_every_rank_gets_the_same_number_of_batches(strategy, world, remainder, balance, seed,
                                                      lengths):
     lengths = np.array(lengths)
-    plan = Planner(strategy, lengths, [0, 700, 2001], PackingSpec(4000, 12), seed=seed).epoch(1)
+    spec = PackingSpec(4000, 12, row_len=2000)  # row_len: packed only (2 rows a batch)
+    plan = Planner(strategy, lengths, [0, 700, 2001], spec, seed=seed).epoch(1)
     if remainder == "drop" and len(plan) < world:
         with pytest.raises(ValueError, match="cannot give each"):
             shard(plan, 0, world, remainder)
