@@ -55,11 +55,7 @@ class HostBuffers:
 
     def fill(self, dataset, batch, shape):
         """(ids, loss mask, valid) host tensors, and position ids for a packed batch."""
-        if batch.row_of is not None:
-            arrays = dataset.collate_packed(batch.sample_ids, batch.row_of, shape.batch_size,
-                                            shape.seq_len)
-        else:
-            arrays = dataset.collate(batch.sample_ids, shape.seq_len)
+        arrays = dataset.collate_batch(batch, shape.batch_size, shape.seq_len)
         key = (shape, len(arrays))
         with self.lock:
             pool = self.free.setdefault(key, [])

@@ -42,15 +42,12 @@ def collate(dataset, batch, device, shape=None) -> DeviceBatch:
     padded up, and whole padding rows (nothing valid, nothing supervised) added."""
     seq = batch.seq_len if shape is None else shape.seq_len
     rows = batch.num_rows if shape is None else shape.batch_size
-    move = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
-    if batch.row_of is not None:  # packed: one shape already, rows x row_len
-        ids, mask, valid, pos = dataset.collate_packed(batch.sample_ids, batch.row_of, rows, seq)
-        return DeviceBatch(batch, move(ids), move(mask), move(valid), shape, move(pos))
-    ids, mask, valid = dataset.collate(batch.sample_ids, seq)
-    if rows > len(ids):
-        pad = ((0, rows - len(ids)), (0, 0))
-        ids, mask, valid = (np.pad(a, pad) for a in (ids, mask, valid))
-    return DeviceBatch(batch, move(ids), move(mask), move(valid), shape)
+    arrays = dataset.collate_batch(batch, rows, seq)
+    if rows > len(arrays[0]):  # (packed batches come at their full row count)
+        pad = ((0, rows - len(arrays[0])), (0, 0))
+        arrays = [np.pad(a, pad) for a in arrays]
+    ids, mask, valid, *pos = [torch.from_numpy(a).to(device, non_blocking=True) for a in arrays]
+    return DeviceBatch(batch, ids, mask, valid, shape, pos[0] if pos else None)
 
 
 def autocast_for(device: torch.device, mode: str):

@@ -35,10 +35,7 @@ class PackingSpec:
             raise DataError(f"batching.max_batch_size must be >= 1, got {cfg.max_batch_size}")
         if cfg.sort_window < 0:
             raise DataError(f"batching.sort_window must be >= 0, got {cfg.sort_window}")
-        row_len = int(cfg.get("row_len", 0)) or int(max_seq_len or 0)
-        if choice(cfg.strategy) == "packed" and not 0 < row_len <= int(cfg.token_budget):
-            raise DataError(f"batching.row_len={row_len} must be in [1, token_budget="
-                            f"{cfg.token_budget}] (0 takes data.max_seq_len)")
+        row_len = int(cfg.get("row_len", 0)) or int(max_seq_len or 0)  # 0: data.max_seq_len
         return cls(int(cfg.token_budget), int(cfg.max_batch_size), int(cfg.sort_window),
                    row_len, int(cfg.get("pack_window", 32)))
 
@@ -57,10 +54,11 @@ class Planner:
         self.lengths = check_lengths(lengths)
         if strategy != "packed":  # packed rows have their own limit (row_len)
             check_fits_budget(self.lengths, spec.token_budget)
-        if strategy == "packed" and not 0 < spec.row_len <= spec.token_budget:
-            raise DataError(f"batching.row_len={spec.row_len} must be in [1, token_budget="
-                            f"{spec.token_budget}] for batching=packed")
         if strategy == "packed":  # one shape, no buckets: a single bucket holds all
+            if not 0 < spec.row_len <= spec.token_budget:
+                raise DataError(f"batching.row_len={spec.row_len} must be in [1, token_budget="
+                                f"{spec.token_budget}] for batching=packed (0 takes "
+                                "data.max_seq_len)")
             top = max(spec.row_len, int(self.lengths.max(initial=0))) + 1
             boundaries = np.array([0, top], dtype=np.int64)
         self.boundaries = bk.check_boundaries(boundaries, self.lengths)

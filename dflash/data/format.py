@@ -64,6 +64,13 @@ class TokenDataset:
             valid[r, :n] = True
         return ids, mask, valid
 
+    def collate_batch(self, batch, rows: int, seq_len: int):
+        """Host arrays for a planned batch: (ids, loss mask, valid), and per-document
+        position ids when the batch is packed (then already `rows` x `seq_len`)."""
+        if batch.row_of is not None:
+            return self.collate_packed(batch.sample_ids, batch.row_of, rows, seq_len)
+        return self.collate(batch.sample_ids, seq_len)
+
     def collate_packed(self, sample_ids, row_of, num_rows: int, row_len: int, pad_id: int = 0):
         """Packed [rows, row_len] ids, loss mask, validity and per-document position ids:
         the samples of each row side by side, positions restarting at 0 for each (the

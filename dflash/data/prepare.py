@@ -50,25 +50,18 @@ def load_tokenizer(path: str | Path):
     return tok
 
 
-def encode_conversation(tok, messages: list[dict], where: str) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and assistant-only loss mask (uint8) for one conversation."""
-    if "eot" not in _EOT_CACHE or _EOT_CACHE["tok"] is not tok:
-        _EOT_CACHE.update(tok=tok, eot=end_of_turn_ids(tok))
-    return assistant_mask(tok, messages, where, _EOT_CACHE["eot"])
-
-
-_EOT_CACHE: dict = {}
-_WORKER_TOK = {}
+_WORKER = {}
 
 
 def _init_worker(tokenizer_dir: str) -> None:
-    _WORKER_TOK["tok"] = load_tokenizer(tokenizer_dir)
+    tok = load_tokenizer(tokenizer_dir)
+    _WORKER.update(tok=tok, eot=end_of_turn_ids(tok))  # the probe render: once per process
 
 
-def _encode_line(item, tok=None):
+def _encode_line(item, tok=None, eot=None):
     """(line number, ids, mask) or (line number, None, error message)."""
     line_no, raw, where = item
-    tok = tok or _WORKER_TOK["tok"]
+    tok, eot = (tok, eot) if tok is not None else (_WORKER["tok"], _WORKER["eot"])
     try:
         try:
             line = raw.decode("utf-8")
@@ -81,7 +74,7 @@ def _encode_line(item, tok=None):
             raise DataError(f"{where}: invalid JSON ({exc})") from exc
         if not isinstance(rec, dict):
             raise DataError(f"{where}: expected a JSON object")
-        ids, mask = encode_conversation(tok, rec.get("messages", rec.get("conversations")), where)
+        ids, mask = assistant_mask(tok, rec.get("messages", rec.get("conversations")), where, eot)
         return line_no, ids, mask
     except DataError as exc:
         return line_no, None, str(exc)
@@ -111,7 +104,8 @@ def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
     pool = Pool(workers, _init_worker, (str(tokenizer_dir),)) if workers > 1 else None
     try:
         results = (pool.imap(_encode_line, _lines(jsonl), chunksize=64) if pool
-                   else map(partial(_encode_line, tok=tok), _lines(jsonl)))
+                   else map(partial(_encode_line, tok=tok, eot=end_of_turn_ids(tok)),
+                            _lines(jsonl)))
         for line_no, ids, mask in tqdm(results, total=total, desc="prepare", unit="conv"):
             if ids is None:
                 if bad_lines == "error":
