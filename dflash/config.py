@@ -32,7 +32,7 @@ Strategy = Choice("Strategy", {k: k for k in ("sorted", "random", "bucketed", "m
 Remainder = Choice("Remainder", {k: k for k in ("repeat", "drop")})
 BucketKind = Choice("BucketKind", {k: k for k in ("fixed", "geometric", "quantile", "equal_tokens")})
 LossImpl = Choice("LossImpl", {k: k for k in ("auto", "torch", "triton")})
-Attention = Choice("Attention", {k: k for k in ("auto", "sdpa", "flex")})
+Attention = Choice("Attention", {k: k for k in ("auto", "sdpa", "flex", "chunked")})
 WarmupPolicy = Choice("WarmupPolicy", {k: k for k in ("none", "bucket_max", "top_k", "coverage", "all")})
 Compile = Choice("Compile", {k: k for k in ("off", "static", "dynamic")})
 OnCompile = Choice("OnCompile", {k: k for k in ("warn", "stop")})
@@ -94,7 +94,9 @@ class ModelConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     loss_impl: LossImpl = LossImpl.auto
-    attention: Attention = Attention.auto  # auto: flex_attention on CUDA, SDPA on CPU
+    # auto: flex_attention on CUDA; on CPU SDPA per chunk of blocks (chunked), or one
+    # dense SDPA mask (sdpa) under torch.compile (dflash/model/masks.py)
+    attention: Attention = Attention.auto
     # rows per LM-head chunk; 0: as many as fit loss_chunk_mb of logits at this
     # vocabulary (peak memory then follows the target, see kernels/lm_head_loss.py)
     loss_chunk: int = 0

@@ -154,9 +154,13 @@ class Runner:
         configure_compile(mode, self.shapes.num_run_shapes())
         if mode == "off":
             return drafter
-        if self.topo.drafter_device.type != "cuda" and choice(self.cfg.model.attention) == "flex":
+        attention = choice(self.cfg.model.attention)
+        if self.topo.drafter_device.type != "cuda" and attention == "flex":
             raise DataError("model.compile with model.attention=flex needs CUDA: torch has no "
                             "compiled flex_attention backward on CPU (use model.attention=sdpa)")
+        if attention == "chunked":
+            raise DataError("model.compile with model.attention=chunked: its key windows are "
+                            "data-dependent shapes, eager only (use model.attention=sdpa or auto)")
         return torch.compile(drafter, dynamic=mode == "dynamic")
 
     def build_drafter(self) -> DFlashDrafter:

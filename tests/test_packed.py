@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from dflash.batching import DataError, PackingSpec
 from dflash.batching.strategies import Planner
 from dflash.config import DrafterConfig, TargetConfig
-from dflash.model.drafter import DFlashDrafter, DrafterSpec, block_mask, flex_block_mask
+from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import block_embeddings, block_targets, sample_anchors
 from dflash.model.target import Target
 
@@ -158,27 +158,6 @@ def test_rope_restarts_per_document_in_the_drafter(target):
     alone = drafter(target.context(alone_ids), torch.ones_like(alone_ids, dtype=torch.bool),
                     anchors - lo, ok, emb)
     torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
-
-
-def test_flex_mask_with_documents_equals_the_dense_mask():
-    g = torch.Generator().manual_seed(5)
-    b, s, a = 2, 300, 20
-    anchors = torch.sort(torch.randint(0, s, (b, a), generator=g), 1).values
-    ok = torch.rand(b, a, generator=g) > 0.2
-    valid = torch.rand(b, s, generator=g) > 0.1
-    ctx_lo = (anchors - torch.randint(0, 60, (b, a), generator=g)).clamp(min=0)
-    dense = block_mask(anchors, ok, valid, 16, ctx_lo)
-    bm = flex_block_mask(anchors, ok, valid, 16, ctx_lo)
-    q, kv = dense.shape[1:]
-    qt, k, v = torch.randn(b, 2, q, 16), torch.randn(b, 2, kv, 16), torch.randn(b, 2, kv, 16)
-    from torch.nn.attention.flex_attention import flex_attention
-    out = flex_attention(qt, k, v, block_mask=bm)
-    ref = torch.nn.functional.scaled_dot_product_attention(qt, k, v, attn_mask=dense[:, None])
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
-    # documents make tiles sparser: fewer listed tiles than without them
-    plain = flex_block_mask(anchors, ok, valid, 16)
-    listed = lambda m: int(m.kv_num_blocks.sum() + m.full_kv_num_blocks.sum())  # noqa: E731
-    assert listed(bm) <= listed(plain)
 
 
 from hypothesis import given, settings, strategies as st  # noqa: E402

@@ -161,3 +161,12 @@ def test_on_compile_stop_names_the_shape(tmp_path, world_cache):
                       f"data.cache_dir={world_cache}", f"hydra.run.dir={tmp_path}", check=False)
     assert proc.returncode != 0
     assert "warmup.on_compile=stop" in proc.stderr and "shape [batch 16, length" in proc.stderr
+
+
+def test_compile_refuses_the_eager_only_chunked_attention(tmp_path, world_cache):
+    """The chunked mask's key windows are data-dependent: compiled, every batch would
+    recompile. Asking for both fails at start; `auto` under compile takes the dense mask."""
+    proc = run_module("dflash.train", *COMPILED, "model.attention=chunked", "warmup=none",
+                      f"data.cache_dir={world_cache}", f"hydra.run.dir={tmp_path}", check=False)
+    assert proc.returncode != 0
+    assert "model.attention=chunked" in proc.stderr and "eager only" in proc.stderr

@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dflash.model.masks import (ChunkedMask, block_mask, chunked_attention, chunked_block_mask,
+                                flex_block_mask)
+
 
 @dataclass
 class DrafterSpec:
@@ -99,7 +102,9 @@ class Attention(nn.Module):
         v = self._heads(self.v_proj(kv_in), s.num_kv_heads)
         # q and k pass through fp32 norms; under autocast v is already bf16: one dtype
         q, k = q.to(v.dtype), k.to(v.dtype)
-        if isinstance(mask, torch.Tensor):
+        if isinstance(mask, ChunkedMask):
+            out = chunked_attention(q, k, v, mask)
+        elif isinstance(mask, torch.Tensor):
             rep = s.num_heads // s.num_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
@@ -133,92 +138,6 @@ class Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-def block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, ctx_valid: torch.Tensor,
-               block_size: int, ctx_lo: torch.Tensor | None = None) -> torch.Tensor:
-    """Boolean [B, A*bs, S + A*bs]: query (block j, pos k) may see context position p with
-    ctx_lo_j <= p < a_j (and valid) and every position of block j; nothing else. ctx_lo
-    is the start of the anchor's document in a packed row (None: 0). A padding block
-    (invalid anchor) sees only itself, which keeps its softmax defined; its loss weight
-    is 0."""
-    b, a = anchors.shape
-    s = ctx_valid.shape[1]
-    p = torch.arange(s, device=anchors.device)
-    ctx_ok = (p[None, None, :] < anchors[:, :, None]) & ctx_valid[:, None, :]
-    if ctx_lo is not None:
-        ctx_ok = ctx_ok & (p[None, None, :] >= ctx_lo[:, :, None])
-    ctx_ok = ctx_ok & anchor_valid[:, :, None]  # [B, A, S]
-    blk = torch.arange(a, device=anchors.device)
-    same = (blk[:, None] == blk[None, :]).expand(b, a, a)
-    ctx_part = ctx_ok.repeat_interleave(block_size, dim=1)  # [B, A*bs, S]
-    blk_part = same.repeat_interleave(block_size, dim=1).repeat_interleave(block_size, dim=2)
-    return torch.cat([ctx_part, blk_part], dim=2)
-
-
-def _tile_counts(anchors, anchor_valid, ctx_valid, block_size, tile, ctx_lo=None):
-    """Visible keys per (query block, key tile): [B, A, KV tiles], and each tile's width."""
-    b, a = anchors.shape
-    s = ctx_valid.shape[1]
-    kv_len = s + a * block_size
-    n_kv = -(-kv_len // tile)
-    dev = anchors.device
-    lo = torch.arange(n_kv, device=dev) * tile
-    hi = torch.clamp(lo + tile, max=kv_len)
-    # context keys: valid positions p < anchor, counted from a prefix sum of ctx_valid
-    prefix = torch.zeros(b, s + 1, dtype=torch.int64, device=dev)
-    prefix[:, 1:] = ctx_valid.long().cumsum(1)
-    cut = anchors.clamp(max=s)[:, :, None]  # [B, A, 1]
-    start = (torch.zeros_like(anchors) if ctx_lo is None else ctx_lo).clamp(max=s)[:, :, None]
-    at = lambda x: torch.gather(prefix, 1, x.flatten(1)).view(b, a, n_kv)  # noqa: E731
-    edge = lambda x: x.clamp(max=s)[None, None].expand(b, a, n_kv)  # noqa: E731
-    # visible context keys of a tile: valid positions in [tile lo, tile hi) and in
-    # [document start, anchor)
-    ctx = (at(torch.minimum(cut, edge(hi))) - at(torch.maximum(start, edge(lo)))).clamp(min=0)
-    ctx = ctx * anchor_valid[:, :, None]
-    # own-block keys: [s + j*bs, s + (j+1)*bs) overlapped with each tile
-    first = s + torch.arange(a, device=dev)[:, None] * block_size
-    own = (torch.minimum(first + block_size, hi[None]) - torch.maximum(first, lo[None])).clamp(min=0)
-    return ctx + own[None], hi - lo
-
-
-def flex_block_mask(anchors, anchor_valid, ctx_valid, block_size, ctx_lo=None, tile: int = 128):
-    """The same visibility as `block_mask`, as a flex_attention BlockMask built from tile
-    counts: nothing of size [Q, KV] is ever made (an uncompiled `create_block_mask`
-    evaluates the dense mask: +1 GB at 512 anchors x 3K context), and tiles whose every
-    entry is visible are marked full so the kernel skips the mask there."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    if tile % block_size:
-        raise ValueError(f"flex tile {tile} must be a multiple of the block size {block_size}")
-    b, a = anchors.shape
-    s = ctx_valid.shape[1]
-    q_len, kv_len = a * block_size, s + a * block_size
-    per_tile = tile // block_size
-    n_q = -(-a // per_tile)
-    counts, width = _tile_counts(anchors, anchor_valid, ctx_valid, block_size, tile, ctx_lo)
-    lo_of = torch.zeros_like(anchors) if ctx_lo is None else ctx_lo
-    pad = n_q * per_tile - a  # blocks past the last query row: they make a tile partial
-    counts = torch.nn.functional.pad(counts, (0, 0, 0, pad), value=-1)
-    counts = counts.view(b, n_q, per_tile, -1)
-    full = (counts == width).all(2)  # [B, Qt, KVt]
-    part = (counts > 0).any(2) & ~full
-
-    def lists(m):  # tile indices, listed ones first (ascending), and their count
-        idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-        return m.sum(-1, dtype=torch.int32)[:, None], idx[:, None]
-
-    def mask_mod(bi, _h, q_idx, kv_idx):
-        blk = (q_idx // block_size).clamp(max=a - 1)
-        is_ctx = kv_idx < s
-        ctx_ok = (is_ctx & (kv_idx < anchors[bi, blk]) & (kv_idx >= lo_of[bi, blk])
-                  & anchor_valid[bi, blk] & ctx_valid[bi, kv_idx.clamp(max=s - 1)])
-        same_blk = ~is_ctx & ((kv_idx - s) // block_size == blk)
-        return ctx_ok | same_blk
-
-    (kv_num, kv_idx), (full_num, full_idx) = lists(part), lists(full)
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=tile,
-                                    mask_mod=mask_mod, seq_lengths=(q_len, kv_len))
-
-
 _FLEX = {}
 
 
@@ -239,6 +158,10 @@ def flex_attention_fn(device: torch.device):
     return _FLEX["cuda"]
 
 
+MASKS = {"sdpa": block_mask, "flex": flex_block_mask, "chunked": chunked_block_mask}
+ATTENTION_BACKENDS = ("auto", *MASKS)
+
+
 class DFlashDrafter(nn.Module):
     def __init__(self, spec: DrafterSpec):
         super().__init__()
@@ -248,14 +171,24 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        # sdpa: dense boolean mask; flex: BlockMask; auto: flex on CUDA, sdpa elsewhere.
-        # A runtime choice, not a checkpoint setting.
+        # sdpa: one dense boolean mask; flex: BlockMask; chunked: SDPA per chunk of blocks
+        # over the context they can see (eager only); auto: flex on CUDA, chunked on CPU,
+        # sdpa on CPU under torch.compile (static shapes). A runtime choice, not a
+        # checkpoint setting (dflash.model.masks).
         self.attention = "auto"
 
     def set_attention(self, backend: str) -> None:
-        if backend not in ("auto", "sdpa", "flex"):
-            raise ValueError(f"model.attention must be 'auto', 'sdpa' or 'flex', got {backend!r}")
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"model.attention must be one of {ATTENTION_BACKENDS}, got {backend!r}")
         self.attention = backend
+
+    def backend(self, device: torch.device) -> str:
+        """The mask form this forward uses on `device`."""
+        if self.attention != "auto":
+            return self.attention
+        if device.type == "cuda":
+            return "flex"
+        return "sdpa" if torch.compiler.is_compiling() else "chunked"
 
     def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
         return self.hidden_norm(self.fc(target_hidden))
@@ -289,9 +222,7 @@ class DFlashDrafter(nn.Module):
         kv_pos = torch.cat([ctx_pos, q_pos], dim=1)
         # where the anchor's document starts (documents are contiguous in a row)
         ctx_lo = None if position_ids is None else anchors - anchor_pos
-        use_flex = self.attention == "flex" or (self.attention == "auto"
-                                                 and anchors.device.type == "cuda")
-        make = flex_block_mask if use_flex else block_mask
+        make = MASKS[self.backend(anchors.device)]
         mask = make(anchors, anchor_valid, ctx_valid, bs, ctx_lo)
         for layer in self.layers:
             h = layer(h, ctx, q_pos, kv_pos, mask)
