@@ -76,6 +76,11 @@ class TargetConfig:
     seed: int = 0
     dtype: str = "float32"
     layer_ids: Optional[List[int]] = None  # None: 5 layers spread from 1 to L-3
+    # HF attention kernel: sdpa, eager, flex_attention, flash_attention_2, ... None: the
+    # tiny model uses sdpa, a local model whatever HF picks for it. Packed rows need one
+    # that reads documents from position_ids (all of these do); flash/flex skip the
+    # cross-document work that sdpa's dense per-row mask still pays for.
+    attn_implementation: Optional[str] = None
 
 
 @dataclass

@@ -58,6 +58,18 @@ def test_target_path_errors(tmp_path):
         Target.from_config(OmegaConf.structured(TargetConfig(path=str(tmp_path / "vit"))))
 
 
+def test_target_attention_kernel_is_chosen_by_config(tmp_path):
+    from dflash.model.target import build_tiny_qwen3
+    build_tiny_qwen3(OmegaConf.structured(TargetConfig())).save_pretrained(tmp_path / "m")
+    local = Target.from_config(OmegaConf.structured(
+        TargetConfig(path=str(tmp_path / "m"), attn_implementation="eager")))
+    assert local.config._attn_implementation == "eager"
+    for path in (None, str(tmp_path / "m")):
+        with pytest.raises(DataError, match="model.target.attn_implementation='sdpa_typo'"):
+            Target.from_config(OmegaConf.structured(
+                TargetConfig(path=path, attn_implementation="sdpa_typo")))
+
+
 def test_target_loads_a_local_hf_model(tmp_path, target):
     target.lm.save_pretrained(tmp_path / "m")
     loaded = Target.from_config(OmegaConf.structured(TargetConfig(path=str(tmp_path / "m"))))

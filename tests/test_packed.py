@@ -84,7 +84,13 @@ def _row(docs, row_len):
 DOCS = [list(range(3, 40)), list(range(100, 121)), list(range(200, 250))]
 
 
-def test_target_context_of_a_packed_row_equals_each_document_alone(target):
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "flex_attention"])
+def test_target_context_of_a_packed_row_equals_each_document_alone(attn):
+    """Every HF kernel a user can pick with model.target.attn_implementation reads the
+    documents from the restarting position ids."""
+    target = Target.from_config(OmegaConf.structured(
+        TargetConfig(dtype="float32", attn_implementation=attn)))
+    assert target.config._attn_implementation == attn
     ids, pos, _, spans = _row(DOCS, 128)
     packed = target.context(ids, None, pos)
     for d, (lo, hi) in zip(DOCS, spans):

@@ -38,13 +38,26 @@ def build_tiny_qwen3(cfg) -> nn.Module:
                      num_key_value_heads=cfg.num_key_value_heads,
                      head_dim=cfg.hidden_size // cfg.num_attention_heads,
                      max_position_embeddings=8192, tie_word_embeddings=False)
-    hc._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        return Qwen3ForCausalLM(hc)
+        lm = Qwen3ForCausalLM(hc)
+    return _set_attention(lm, getattr(cfg, "attn_implementation", None) or "sdpa")
 
 
-def load_causal_lm(path: str | Path, dtype: torch.dtype) -> nn.Module:
+def _set_attention(lm: nn.Module, name: str | None) -> nn.Module:
+    """Switch the HF attention kernel, naming the config key when HF refuses it (an
+    unknown name, or a kernel whose package is not installed)."""
+    if name is None:
+        return lm
+    try:
+        lm.set_attn_implementation(name)
+    except (ValueError, ImportError) as exc:
+        raise DataError(f"model.target.attn_implementation={name!r}: {exc}") from exc
+    return lm
+
+
+def load_causal_lm(path: str | Path, dtype: torch.dtype,
+                   attn_implementation: str | None = None) -> nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
@@ -53,11 +66,12 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype) -> nn.Module:
                         "HF model directory)")
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     try:
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype,
-                                                    local_files_only=True)
+        lm = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype,
+                                                  local_files_only=True)
     except ValueError as exc:
         raise DataError(f"model.target.path={path}: {type(config).__name__} is not a causal "
                         f"LM ({exc})") from exc
+    return _set_attention(lm, attn_implementation)
 
 
 def target_vocab_size(cfg) -> int:
@@ -89,7 +103,9 @@ class Target(nn.Module):
     @classmethod
     def from_config(cls, cfg) -> "Target":
         dtype = getattr(torch, cfg.dtype)
-        lm = build_tiny_qwen3(cfg).to(dtype) if cfg.path is None else load_causal_lm(cfg.path, dtype)
+        attn = getattr(cfg, "attn_implementation", None)
+        lm = (build_tiny_qwen3(cfg).to(dtype) if cfg.path is None
+              else load_causal_lm(cfg.path, dtype, attn))
         return cls(lm, list(cfg.layer_ids) if cfg.layer_ids else None)
 
     @property
