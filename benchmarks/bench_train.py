@@ -6,10 +6,12 @@ One process builds the world once (cached), then for each strategy plans epoch 0
 times `--steps` real training steps (target context + drafter step) after a few warm
 ones. Tokens/s counts real tokens; with a fixed step cost per padded token, tokens/s
 should track padding efficiency, which the tok/s-per-efficiency column checks (it stays
-about constant when it does). `attn x` is the attention work the step's dense path does
-(rows x padded length^2) over what the documents need (sum of length^2): packed rows
-pay it on CPU, where SDPA computes the whole row's scores and masks across documents;
-on GPU the flex block mask skips the cross-document tiles.
+about constant when it does). `attn x` is the target's attention work under a dense
+kernel (rows x padded length^2) over what the documents need (sum of length^2): packed
+rows pay it with HF sdpa, which masks across documents inside one dense row;
+`model.target.attn_implementation=flash_attention_2` or `flex_attention` skip that work
+on GPU. The drafter does not pay it: on CPU its chunked attention reads only the context
+window its blocks can see, on GPU the flex block mask skips cross-document tiles.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@
 
 While the drafter trains on batch t the target computes the context of batch t+1..t+depth,
 so a step costs max(target, drafter) rather than their sum. `depth=0` is the plain
-sequential loop (collate, target, drafter in one thread), for comparison. Batches come
+sequential loop (collate, target, drafter in one thread), the default where both stages
+share the CPU's cores; a depth set there gives each stage thread its share of the cores. Batches come
 out in plan order whatever the depth: the queues are FIFO and each stage has one thread.
 
 Every item carries its stage timings (seconds): `data_wait` (target stage waiting for
@@ -85,14 +86,27 @@ class HostBuffers:
                 pool.append((*bufs, event))
 
 
+def default_depth(target_device: torch.device, drafter_device: torch.device) -> int:
+    """`pipeline.depth=null`: overlap the stages only where they do not share CPU cores."""
+    shared_cpu = target_device.type == "cpu" and drafter_device.type == "cpu"
+    return 0 if shared_cpu else 2
+
+
 class Pipeline:
-    def __init__(self, step, dataset, shapes, target_device, drafter_device, depth: int = 2,
-                 prefetch: int = 2):
+    def __init__(self, step, dataset, shapes, target_device, drafter_device,
+                 depth: int | None = None, prefetch: int = 2):
+        depth = default_depth(target_device, drafter_device) if depth is None else int(depth)
         if depth < 0 or prefetch < 0:
             raise ValueError(f"pipeline.depth and pipeline.prefetch must be >= 0, got {depth}, {prefetch}")
         self.step, self.dataset, self.shapes = step, dataset, shapes
         self.target_device, self.drafter_device = target_device, drafter_device
-        self.depth, self.prefetch = int(depth), int(prefetch)
+        self.depth, self.prefetch = depth, int(prefetch)
+        # both stages on the CPU: each thread's intra-op pool gets its share of the cores,
+        # or the two pools (each as wide as the machine) thrash each other
+        cores = torch.get_num_threads()
+        self.split_cores = ((cores - cores // 2, max(1, cores // 2))
+                            if depth and target_device.type == drafter_device.type == "cpu"
+                            else None)
         cuda = target_device.type == "cuda"
         self.buffers = HostBuffers(pin=cuda, per_shape=self.depth + self.prefetch + 2)
         self.stream = torch.cuda.Stream(target_device) if cuda and self.depth else None
@@ -182,6 +196,8 @@ class Pipeline:
                 put(q_host, self._host(batch))
 
         def target():
+            if self.split_cores:
+                torch.set_num_threads(self.split_cores[1])
             with torch.no_grad():
                 t0 = time.perf_counter()
                 while not stop.is_set():
@@ -201,6 +217,9 @@ class Pipeline:
 
         threads = [threading.Thread(target=guarded(prefetch, q_host), name="dflash-prefetch", daemon=True),
                    threading.Thread(target=guarded(target, q_ctx), name="dflash-target", daemon=True)]
+        main_threads = torch.get_num_threads()
+        if self.split_cores:  # the drafter runs in the caller's thread
+            torch.set_num_threads(self.split_cores[0])
         for t in threads:
             t.start()
         try:
@@ -220,6 +239,7 @@ class Pipeline:
                     q.get_nowait()
             for t in threads:
                 t.join(timeout=10)
+            torch.set_num_threads(main_threads)
 
 
 class DrafterClock:

@@ -244,7 +244,8 @@ class Runner:
         monitor = CompileMonitor(choice(cfg.warmup.on_compile), _autotuners)
         monitor.start()
         pipe = Pipeline(self.step, self.dataset, self.shapes, self.topo.target_device,
-                        self.topo.drafter_device, int(cfg.pipeline.depth), int(cfg.pipeline.prefetch))
+                        self.topo.drafter_device, cfg.pipeline.depth, int(cfg.pipeline.prefetch))
+        self.pipeline_depth = pipe.depth
         times, clock = StageTimes(), DrafterClock(self.topo.drafter_device)
         self.batches_seen = []  # (epoch, step) in the order the drafter trained on them
         eval_every = int(cfg.eval.every_steps) if cfg.eval.enabled else 0
@@ -347,7 +348,7 @@ class Runner:
                 "eval_curve": self.eval_curve, "eval_seconds_during_training": eval_seconds,
                 "world_size": self.topo.world_size, "replica_digests": digests,
                 "batches_per_epoch": self.planner.epoch(0).num_batches,
-                "steps_per_epoch": self.steps_per_epoch, "pipeline_depth": int(cfg.pipeline.depth),
+                "steps_per_epoch": self.steps_per_epoch, "pipeline_depth": self.pipeline_depth,
                 "stage_ms": {k: v for k, v in last.items() if k.startswith("time_")},
                 "data": self.sources.data.info,
                 "target_dir": self.sources.target_dir}

@@ -32,12 +32,19 @@ def _weights(r):
 
 def test_pipelined_training_equals_sequential(tmp_path, world_cache):
     """Same batches, same order, same final weights, whatever the queue depth; a run
-    stopped mid-epoch (max_steps) leaves no pipeline thread behind."""
+    stopped mid-epoch (max_steps) leaves no pipeline thread behind. One intra-op thread:
+    a pipelined CPU run splits the cores between its stages, and bit-equal weights need
+    the same reduction order in both runs."""
     runs = {}
+    threads = torch.get_num_threads()
     for depth in (0, 3):
-        r = _runner(world_cache, tmp_path / str(depth), [f"pipeline.depth={depth}", "epochs=2",
-                                                          "optim.max_steps=40"])
-        summary = r.train(Logger())
+        r = _runner(world_cache, tmp_path / str(depth), [f"pipeline.depth={depth}",
+                                                          "epochs=2", "optim.max_steps=40"])
+        torch.set_num_threads(1)
+        try:
+            summary = r.train(Logger())
+        finally:
+            torch.set_num_threads(threads)
         runs[depth] = (r.batches_seen, _weights(r), summary)
         assert _pipeline_threads() == []
     seen0, w0, s0 = runs[0]
@@ -81,6 +88,31 @@ def test_metrics_log_stage_timings(tmp_path, world_cache):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows and all(r_["bottleneck"] in ("target", "drafter") for r_ in rows)
     assert all(r_["time_target_ms"] > 0 and "time_drafter_wait_ms" in r_ for r_ in rows)
+
+
+def test_cpu_stages_share_the_cores_and_default_to_sequential(tmp_path, world_cache):
+    """Target and drafter on the CPU: null depth runs the sequential loop; a set depth
+    gives each stage thread its share of the cores (never both the whole machine) and
+    hands the caller its thread count back."""
+    auto = _runner(world_cache, tmp_path / "auto", ["epochs=1", "optim.max_steps=2"])
+    assert auto.train(Logger())["pipeline_depth"] == 0
+    r = _runner(world_cache, tmp_path / "d2", ["pipeline.depth=2", "epochs=1", "optim.max_steps=4",
+                                             "warmup=none"])
+    seen = {}
+
+    def record(fn, stage):
+        def wrapped(*a, **k):
+            seen.setdefault(stage, set()).add(torch.get_num_threads())
+            return fn(*a, **k)
+        return wrapped
+    r.step.context = record(r.step.context, "target")
+    r.step.drafter_step = record(r.step.drafter_step, "drafter")
+    before = torch.get_num_threads()
+    assert r.train(Logger())["pipeline_depth"] == 2
+    assert len(seen["target"]) == len(seen["drafter"]) == 1, seen
+    (target,), (drafter,) = seen["target"], seen["drafter"]
+    assert target + drafter <= max(2, before) and target >= 1 and drafter >= 1
+    assert torch.get_num_threads() == before
 
 
 def test_two_gloo_ranks_through_torchrun(tmp_path, world_cache):
