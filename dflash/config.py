@@ -130,7 +130,8 @@ class BatchingConfig:
     balance_steps: bool = False
     attention_cost: float = 3.7e-5
     # packed: rows of row_len tokens (0: data.max_seq_len), token_budget // row_len rows
-    # a batch, first fit over pack_window open rows (batching/row_packing.py)
+    # a batch but no more than max_batch_size documents a batch on average, first fit
+    # over pack_window open rows (batching/row_packing.py)
     row_len: int = 0
     pack_window: int = 32
     # anchor slots per packed row; 0: as many as the row's documents would get unpacked

@@ -16,7 +16,7 @@ def test_compare_shuffles_multirun_writes_the_comparison(tmp_path, world_cache):
                       "logger.progress=false", f"hydra.sweep.dir={sweep}",
                       # two of the experiment's six strategies keep the suite short (the
                       # full list is checked by test_config_and_apps' compose test); fewer
-                      # packed anchor slots keep its dense CPU attention small
+                      # packed anchor slots keep the packed job as short as the sorted one
                       "shuffle=sorted,packed", "batching.anchors_per_row=64")
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name[0].isdigit())
     assert len(jobs) == 2, proc.stdout[-2000:]

@@ -46,6 +46,20 @@ def test_packed_plan_takes_every_sample_once_in_one_shape():
         Planner("packed", np.array([100, 1500]), [0, 2000], SPEC).epoch(0)
 
 
+def test_packed_batches_keep_the_batch_size_cap_on_average():
+    """On a cap-bound profile (short samples, a large budget) a packed batch carries no
+    more documents than the cap lets every other strategy's batch carry."""
+    lengths = np.random.default_rng(0).integers(60, 190, size=4000)  # mean ~125
+    spec = PackingSpec(token_budget=4096, max_batch_size=16, row_len=1024, pack_window=16)
+    planner = Planner("packed", lengths, [0, 2000], spec, seed=0)
+    assert planner.rows_per_batch == 2  # 16 x ~125 tokens: 2 rows, not the budget's 4
+    plan = planner.epoch(0)
+    assert abs(plan.batch_sizes.mean() - 16) < 1.0 and (plan.batch_rows == 2).all()
+    unpacked = Planner("random", lengths, [0, 2000], spec, seed=0).epoch(0)
+    assert abs(plan.useful_tokens / plan.num_batches
+               - unpacked.useful_tokens / unpacked.num_batches) < 0.1 * 2048
+
+
 def test_packed_layout_positions_restart_per_document(tmp_path):
     from dflash.data.format import DatasetWriter
     w = DatasetWriter(tmp_path / "ds", 100, {})
@@ -178,7 +192,11 @@ def test_packed_plan_invariants(data):
     spec = PackingSpec(row_len * rows, 64, row_len=row_len,
                        pack_window=data.draw(st.integers(1, 40)))
     seed, epoch = data.draw(st.integers(0, 2**31)), data.draw(st.integers(0, 100))
-    plan = Planner("packed", lengths, [0, 10], spec, seed=seed).epoch(epoch)
+    planner = Planner("packed", lengths, [0, 10], spec, seed=seed)
+    # the budget's rows, unless the cap of 64 documents a batch (on average) binds first
+    assert planner.rows_per_batch == max(1, min(rows, round(64 * lengths.mean() / row_len)))
+    rows = planner.rows_per_batch
+    plan = planner.epoch(epoch)
     assert np.array_equal(np.sort(plan.indices), np.arange(len(lengths)))
     assert (plan.batch_rows == rows).all() and (plan.seq_len == row_len).all()
     batch_of = np.repeat(np.arange(plan.num_batches), plan.batch_sizes)

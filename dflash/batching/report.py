@@ -49,7 +49,7 @@ def plan_report(planner: Planner, epochs: int, world_size: int = 1, remainder: s
         "token_budget": spec.token_budget,
         "max_batch_size": spec.max_batch_size,
         "sort_window": spec.sort_window,
-        **({"row_len": spec.row_len, "rows_per_batch": spec.token_budget // spec.row_len,
+        **({"row_len": spec.row_len, "rows_per_batch": planner.rows_per_batch,
             "pack_window": spec.pack_window} if planner.strategy == "packed" else {}),
         "seed": planner.seed,
         "epochs": epochs,

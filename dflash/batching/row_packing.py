@@ -52,6 +52,19 @@ def first_fit_rows(lengths: np.ndarray, row_len: int, window: int) -> np.ndarray
     return row_of
 
 
+def rows_per_batch(token_budget: int, max_batch_size: int, row_len: int,
+                   lengths: np.ndarray) -> int:
+    """Rows of a packed batch: `token_budget // row_len`, but no more documents a batch,
+    on average, than `max_batch_size`, the cap every other strategy's batch has. The cap
+    bounds a step's anchors (the drafter's memory) and its real tokens: without it a
+    packed step on a cap-bound profile would carry several times the others' tokens,
+    and at equal real tokens train on a fraction of their optimizer steps."""
+    by_budget = int(token_budget) // int(row_len)
+    mean = float(np.mean(lengths)) if len(lengths) else float(row_len)
+    by_cap = int(round(int(max_batch_size) * mean / int(row_len)))
+    return max(1, min(by_budget, by_cap))
+
+
 def anchor_slots_per_row(lengths: np.ndarray, num_anchors: int, row_len: int,
                          configured: int = 0) -> int:
     """Anchor slots of one packed row. A row holds row_len / mean length documents, and

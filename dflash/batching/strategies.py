@@ -15,7 +15,7 @@ from ..config import choice
 from ..errors import DataError
 from .lengths import check_fits_budget, check_lengths
 from .packing import pack, segment_ends
-from .row_packing import packed_layout
+from .row_packing import packed_layout, rows_per_batch
 from .plan import EpochPlan
 
 STRATEGIES = ("sorted", "random", "bucketed", "megabatch", "packed")
@@ -74,6 +74,14 @@ class Planner:
             order = np.argsort(self.lengths, kind="stable")
             self._static = self._finish(0, order, pack(self.lengths[order], spec.token_budget,
                                                        spec.max_batch_size))
+
+    @property
+    def rows_per_batch(self) -> int:
+        """Packed: rows a batch (row_packing.rows_per_batch); 0 for the other strategies."""
+        if self.strategy != "packed":
+            return 0
+        return rows_per_batch(self.spec.token_budget, self.spec.max_batch_size,
+                              self.spec.row_len, self.lengths)
 
     @property
     def num_samples(self) -> int:
@@ -140,8 +148,7 @@ class Planner:
     def _packed(self, epoch: int, order: np.ndarray, rng: np.random.Generator) -> EpochPlan:
         spec = self.spec
         indices, offsets, row_of, rows = packed_layout(
-            order, self.lengths, spec.row_len, spec.token_budget // spec.row_len,
-            spec.pack_window)
+            order, self.lengths, spec.row_len, self.rows_per_batch, spec.pack_window)
         plan = self._finish(epoch, indices, offsets)
         plan.seq_len[:] = spec.row_len  # every batch: rows x row_len, one shape
         plan.rows, plan.row_of = rows, row_of
