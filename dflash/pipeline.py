@@ -86,10 +86,13 @@ class HostBuffers:
                 pool.append((*bufs, event))
 
 
+def _shared_cpu(target_device: torch.device, drafter_device: torch.device) -> bool:
+    return target_device.type == "cpu" and drafter_device.type == "cpu"
+
+
 def default_depth(target_device: torch.device, drafter_device: torch.device) -> int:
     """`pipeline.depth=null`: overlap the stages only where they do not share CPU cores."""
-    shared_cpu = target_device.type == "cpu" and drafter_device.type == "cpu"
-    return 0 if shared_cpu else 2
+    return 0 if _shared_cpu(target_device, drafter_device) else 2
 
 
 class Pipeline:
@@ -105,8 +108,7 @@ class Pipeline:
         # or the two pools (each as wide as the machine) thrash each other
         cores = torch.get_num_threads()
         self.split_cores = ((cores - cores // 2, max(1, cores // 2))
-                            if depth and target_device.type == drafter_device.type == "cpu"
-                            else None)
+                            if depth and _shared_cpu(target_device, drafter_device) else None)
         cuda = target_device.type == "cuda"
         self.buffers = HostBuffers(pin=cuda, per_shape=self.depth + self.prefetch + 2)
         self.stream = torch.cuda.Stream(target_device) if cuda and self.depth else None

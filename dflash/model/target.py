@@ -103,9 +103,8 @@ class Target(nn.Module):
     @classmethod
     def from_config(cls, cfg) -> "Target":
         dtype = getattr(torch, cfg.dtype)
-        attn = getattr(cfg, "attn_implementation", None)
         lm = (build_tiny_qwen3(cfg).to(dtype) if cfg.path is None
-              else load_causal_lm(cfg.path, dtype, attn))
+              else load_causal_lm(cfg.path, dtype, cfg.attn_implementation))
         return cls(lm, list(cfg.layer_ids) if cfg.layer_ids else None)
 
     @property
