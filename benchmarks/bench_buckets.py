@@ -9,8 +9,8 @@ import argparse
 import time
 
 from dflash.batching import PackingSpec
-from dflash.batching.bucket_opt import build_cost_table, optimal_fits, simulate
-from dflash.batching.buckets import computed_boundaries, preset_boundaries
+from dflash.batching.bucket_fit.optimal import build_cost_table, optimal_fits, simulate
+from dflash.batching.boundaries import computed_boundaries, preset_boundaries
 from dflash.data.synthetic import PRODUCTION_SAMPLES, production_lengths
 
 SEED6 = preset_boundaries("seed6")

@@ -21,13 +21,11 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
 
-import dflash.config  # noqa: E402,F401
 from dflash.loggers import Logger  # noqa: E402
-from dflash.runner import Runner  # noqa: E402
+from dflash.config import compose  # noqa: E402
+from dflash.trainer import Trainer  # noqa: E402
 
-CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
 BASE = ["data=synthetic", "data.num_samples=1000", "eval.enabled=false", "logger.progress=false",
         "batching=sorted", "epochs=1", "warmup=none", "model.target.hidden_size=256",
         "model.target.intermediate_size=768", "model.target.num_attention_heads=4",
@@ -38,10 +36,9 @@ SETTINGS = {"balanced": ["model.target.num_hidden_layers=10"],
 
 
 def run(depth: int, steps: int, overrides) -> dict:
-    with initialize_config_dir(config_dir=os.path.abspath(CONF), version_base="1.3"):
-        cfg = compose("train", [*BASE, *overrides, f"pipeline.depth={depth}",
+    cfg = compose("train", [*BASE, *overrides, f"pipeline.depth={depth}",
                                 f"optim.max_steps={steps}"])
-    s = Runner(cfg, "/tmp/dflash-bench-pipeline").build().train(Logger())
+    s = Trainer(cfg, "/tmp/dflash-bench-pipeline").build().train(Logger())
     st = s["stage_ms"]  # the last interval's means: the whole run here (log_every > steps)
     return {"step_s": s["train_seconds"] / s["steps"], "target_s": st["time_target_ms"] / 1000,
             "drafter_s": st["time_drafter_ms"] / 1000, "drafter_wait_s": st["time_drafter_wait_ms"] / 1000}

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from dflash.batching import PackingSpec, Planner
-from dflash.batching.buckets import preset_boundaries
+from dflash.batching.boundaries import preset_boundaries
 from dflash.batching.report import plan_report
 from dflash.data.synthetic import PRODUCTION_SAMPLES, production_lengths
 

@@ -22,23 +22,21 @@ import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests.helpers
 
-from hydra import compose, initialize_config_dir  # noqa: E402
 
-import dflash.config  # noqa: E402,F401
-from dflash.runner import Runner  # noqa: E402
-from dflash.step import collate  # noqa: E402
+from dflash.config import compose  # noqa: E402
+from dflash.trainer import Trainer  # noqa: E402
+from tests.helpers.batches import collate  # noqa: E402
 
-CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
 SETTINGS = [("sorted", 0), ("random", 0), ("bucketed", 0), ("bucketed", 4), ("megabatch", 4),
             ("packed", 0)]
 
 
 def time_strategy(strategy: str, window: int, steps: int, warm: int, overrides) -> dict:
-    with initialize_config_dir(config_dir=os.path.abspath(CONF), version_base="1.3"):
-        cfg = compose("train", [f"batching={strategy}", f"batching.sort_window={window}",
-                                "eval.enabled=false", "logger.progress=false", *overrides])
-    r = Runner(cfg, "/tmp/dflash-bench-train").build()
+    cfg = compose("train", [f"batching={strategy}", f"batching.sort_window={window}",
+                            "eval.enabled=false", "logger.progress=false", *overrides])
+    r = Trainer(cfg, "/tmp/dflash-bench-train").build()
     batches = list(r.shard(0).batches())
     run = batches[:warm] + batches[warm:warm + steps]
     real = padded = attn_dense = attn_docs = 0
@@ -47,7 +45,7 @@ def time_strategy(strategy: str, window: int, steps: int, warm: int, overrides) 
         if i == warm:
             t0 = time.perf_counter()
         b = collate(r.dataset, batch, r.topo.target_device)
-        m = r.step(b)
+        m = r.train_step(b)
         if i >= warm:
             real += batch.num_tokens
             padded += batch.padded_tokens

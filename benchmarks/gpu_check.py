@@ -54,13 +54,11 @@ def check(name):
 
 
 def _runner(overrides, out):
-    from hydra import compose, initialize_config_dir
-    import dflash.config  # noqa: F401
-    from dflash.runner import Runner
-    with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
-        topo = ["topology=single_gpu"] if torch.cuda.is_available() else []
-        cfg = compose("train", [*TINY, *topo, *overrides])
-    return Runner(cfg, out).build()
+    from dflash.config import compose
+    from dflash.trainer import Trainer
+    topo = ["topology=single_gpu"] if torch.cuda.is_available() else []
+    cfg = compose("train", [*TINY, *topo, *overrides])
+    return Trainer(cfg, out).build()
 
 
 @check("triton_ce_autotune")
@@ -118,12 +116,12 @@ def flex(dev):
 def bf16(dev):
     if dev.type != "cuda":
         return "skip: bf16 autocast is the CUDA path"
-    from dflash.step import collate
+    from tests.helpers.batches import collate
     r = _runner(["model.autocast=bf16"], tempfile.mkdtemp())
     r32 = _runner(["model.autocast=off"], tempfile.mkdtemp())
     batch = r.shard(0)[0]
-    m = r.step(collate(r.dataset, batch, dev))
-    m32 = r32.step(collate(r32.dataset, batch, dev))
+    m = r.train_step(collate(r.dataset, batch, dev))
+    m32 = r32.train_step(collate(r32.dataset, batch, dev))
     a, b_ = float(m["loss"]), float(m32["loss"])
     assert abs(a - b_) / b_ < 0.02, (a, b_)
     assert r.drafter.fc.weight.dtype == torch.float32

@@ -20,13 +20,15 @@ import hydra
 import yaml
 from omegaconf import DictConfig
 
-from . import config as _config  # noqa: F401  (registers the schemas)
-from .batching.bucket_opt import build_cost_table, choose_auto, optimal_fits, predict, simulate
-from .batching.bucket_refine import refine_by_simulation
-from .errors import DataError, user_errors_exit
-from .batching.metrics import format_table
-from .batching.strategies import PackingSpec
-from .data.build import load_data
+from dflash import config
+from dflash.batching.bucket_fit.optimal import build_cost_table, choose_auto, optimal_fits, predict, simulate
+from dflash.batching.bucket_fit.refine import refine_by_simulation
+from dflash.errors import DataError, user_errors_exit
+from dflash.batching.metrics import format_table
+from dflash.batching.strategies import PackingSpec
+from dflash.data.build import load_data
+
+config.register()  # the schemas every app composes against
 
 log = logging.getLogger("dflash.buckets")
 
@@ -83,7 +85,7 @@ def run_buckets(cfg: DictConfig) -> dict:
     if cfg.out:
         write_preset(Path(cfg.out), result, cfg.name)
     if cfg.plot:
-        from .batching.bucket_plot import plot_fit
+        from dflash.batching.bucket_fit.plot import plot_fit
         plot_fit(lengths, boundaries, per_bucket, [r["efficiency"] for r in rows], cfg.plot,
                  title=f"{fit.num_buckets} buckets: simulated {sim['efficiency']:.4f} "
                        f"(model {predicted:.4f})")
@@ -128,7 +130,7 @@ def format_result(result: dict) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path="../conf", config_name="buckets", version_base="1.3")
+@hydra.main(config_path="conf", config_name="bucket_fit", version_base="1.3")
 @user_errors_exit
 def main(cfg: DictConfig) -> None:
     result = run_buckets(cfg)

@@ -89,7 +89,7 @@ def format_markdown(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    from .plotting import pyplot, save
+    from dflash.plotting import pyplot, save
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.8))
     front = set(pareto(rows))

@@ -7,39 +7,41 @@ value of the wrong type fails at start with Hydra's message naming the full key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from dflash.batching.boundaries import COMPUTED
+from dflash.batching.distributed import REMAINDERS
+from dflash.batching.strategies import STRATEGIES
+from dflash.data.build import SOURCES
+from dflash.data.overlong import POLICIES as OVERLONG
+from dflash.kernels.lm_head_loss import LOSS_IMPLS
+from dflash.model.drafter import ATTENTION_BACKENDS
+from dflash.step import AUTOCAST, NONFINITE
+from dflash.topology import DEVICES
+from dflash.warmup.monitor import ON_COMPILE
+from dflash.warmup.run import COMPILE_MODES
+from dflash.warmup.shapes import POLICIES
+from dflash.options import choice, options  # noqa: F401  (choice: for older imports)
 
-class Choice(str, Enum):
-    """A closed set of string options: a typo fails at start with the valid values listed."""
 
-    def __str__(self) -> str:
-        return self.value
-
-
-def choice(value) -> str:
-    """The plain string of a config option (works for enums and raw strings alike)."""
-    return value.value if isinstance(value, Enum) else str(value)
-
-
-Source = Choice("Source", {k: k for k in ("world", "synthetic", "tokenized", "lengths")})
-Overlong = Choice("Overlong", {k: k for k in ("truncate", "drop", "error")})
-Strategy = Choice("Strategy", {k: k for k in ("sorted", "random", "bucketed", "megabatch", "packed")})
-Remainder = Choice("Remainder", {k: k for k in ("repeat", "drop")})
-BucketKind = Choice("BucketKind", {k: k for k in ("fixed", "geometric", "quantile", "equal_tokens")})
-LossImpl = Choice("LossImpl", {k: k for k in ("auto", "torch", "triton")})
-Attention = Choice("Attention", {k: k for k in ("auto", "sdpa", "flex", "chunked")})
-WarmupPolicy = Choice("WarmupPolicy", {k: k for k in ("none", "bucket_max", "top_k", "coverage", "all")})
-Compile = Choice("Compile", {k: k for k in ("off", "static", "dynamic")})
-OnCompile = Choice("OnCompile", {k: k for k in ("warn", "stop")})
-NonFinite = Choice("NonFinite", {k: k for k in ("stop", "skip")})
-Device = Choice("Device", {k: k for k in ("auto", "cpu", "cuda")})
-LoggerMode = Choice("LoggerMode", {k: k for k in ("online", "offline", "disabled")})
-Autocast = Choice("Autocast", {k: k for k in ("auto", "bf16", "off")})
+Source = options("Source", SOURCES)
+Overlong = options("Overlong", OVERLONG)
+Strategy = options("Strategy", STRATEGIES)
+Remainder = options("Remainder", REMAINDERS)
+BucketKind = options("BucketKind", ("fixed", *COMPUTED))
+LossImpl = options("LossImpl", LOSS_IMPLS)
+Attention = options("Attention", ATTENTION_BACKENDS)
+WarmupPolicy = options("WarmupPolicy", POLICIES)
+Compile = options("Compile", COMPILE_MODES)
+OnCompile = options("OnCompile", ON_COMPILE)
+NonFinite = options("NonFinite", NONFINITE)
+Device = options("Device", DEVICES)
+LoggerMode = options("LoggerMode", ("online", "offline", "disabled"))
+Autocast = options("Autocast", AUTOCAST)
 
 
 @dataclass
@@ -239,7 +241,7 @@ class EvalConfig:
 
 @dataclass
 class CheckpointConfig:
-    # training-state checkpoints (dflash.state) every N steps (0: only on SIGTERM/SIGUSR1)
+    # training-state checkpoints (dflash.resume) every N steps (0: only on SIGTERM/SIGUSR1)
     every_steps: int = 0
     keep: int = 2  # newest checkpoints kept
     force_resume: bool = False  # resume even though the plan settings changed
@@ -346,6 +348,8 @@ def safe_dirname(overrides: str, limit: int = 80) -> str:
 
 
 def register() -> None:
+    """Register the schemas and the sweep-dir resolver (each app calls this once at
+    start; importing the library never touches Hydra's global store)."""
     if not OmegaConf.has_resolver("dflash_dirname"):
         OmegaConf.register_new_resolver("dflash_dirname", safe_dirname)
     cs = ConfigStore.instance()
@@ -357,4 +361,13 @@ def register() -> None:
         cs.store(group=group, name=f"{group}_schema", node=node)
 
 
-register()
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # shipped inside the wheel
+
+
+def compose(config_name: str = "train", overrides=()):
+    """An app's config composed outside a Hydra run (tests, benchmarks, notebooks),
+    with the same schemas, groups and override syntax as the command line."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name, list(overrides))

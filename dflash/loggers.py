@@ -77,6 +77,6 @@ def build_logger(cfg, out_dir: Path, resolved_config: dict, rank: int = 0,
         return Logger()
     loggers = [JsonlLogger(out_dir / "metrics.jsonl")]
     if cfg.name == "wandb":
-        from .wandb_logger import WandbLogger
+        from dflash.wandb_logger import WandbLogger
         loggers.append(WandbLogger(cfg, out_dir, resolved_config, run_name, group))
     return MultiLogger(loggers)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .step import DeviceBatch
+from dflash.step import DeviceBatch
 
 _DONE = object()
 

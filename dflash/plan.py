@@ -18,15 +18,17 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from . import config as _config  # noqa: F401  (registers the schemas)
-from .batching.buckets import resolve_boundaries
-from .batching.row_packing import anchor_slots_per_row
-from .batching.report import format_report, plan_report
-from .batching.strategies import build_planner
-from .config import choice
-from .data.build import Data, load_data
-from .shapes import build_shape_plan, format_shape_report
-from .errors import user_errors_exit
+from dflash import config
+from dflash.batching.boundaries import resolve_boundaries
+from dflash.batching.packed_rows import anchor_slots_per_row
+from dflash.batching.report import format_report, plan_report
+from dflash.batching.strategies import build_planner
+from dflash.options import choice
+from dflash.data.build import Data, load_data
+from dflash.warmup.shapes import build_shape_plan, format_shape_report
+from dflash.errors import user_errors_exit
+
+config.register()  # the schemas every app composes against
 
 log = logging.getLogger("dflash.plan")
 
@@ -73,7 +75,7 @@ def run_plan(cfg: DictConfig) -> dict:
     report = report_for(cfg, load_data(cfg.data, lengths_file=cfg.lengths_file), cfg.dump)
     entries = write_report(Path(cfg.report), report) if cfg.report else [report]
     if cfg.plot:
-        from .batching.plan_plot import plot_tradeoff
+        from dflash.batching.plan_plot import plot_tradeoff
         plot_tradeoff(entries, cfg.plot)
     return report
 
@@ -93,7 +95,7 @@ def write_report(path: Path, report: dict) -> list[dict]:
     return entries
 
 
-@hydra.main(config_path="../conf", config_name="plan", version_base="1.3")
+@hydra.main(config_path="conf", config_name="plan", version_base="1.3")
 @user_errors_exit
 def main(cfg: DictConfig) -> None:
     report = run_plan(cfg)

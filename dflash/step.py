@@ -17,17 +17,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .model.loss import drafter_loss
+from dflash.model.loss import drafter_loss
+
+
+AUTOCAST = ("auto", "bf16", "off")
+NONFINITE = ("stop", "skip")
 
 
 @dataclass
 class DeviceBatch:
     """A collated batch on its device, with the plan's own Batch beside it."""
-    batch: object  # dflash.batching.plan.Batch
+    batch: object  # dflash.batching.epoch_plan.Batch
     ids: torch.Tensor  # [B, S] int64
     loss_mask: torch.Tensor  # [B, S] bool
     valid: torch.Tensor  # [B, S] bool
-    shape: object = None  # dflash.shapes.Shape the batch runs at (None: its natural shape)
+    shape: object = None  # dflash.warmup.shapes.Shape the batch runs at (None: its natural shape)
     # packed rows: position of each token inside its own document [B, S] int64 (the
     # target and the drafter keep attention inside documents from it); None: unpacked
     position_ids: torch.Tensor | None = None
@@ -35,19 +39,6 @@ class DeviceBatch:
     @property
     def padded_tokens(self) -> int:
         return int(self.ids.numel())
-
-
-def collate(dataset, batch, device, shape=None) -> DeviceBatch:
-    """Right-padded tensors for a planned batch, at its run shape when given: the length
-    padded up, and whole padding rows (nothing valid, nothing supervised) added."""
-    seq = batch.seq_len if shape is None else shape.seq_len
-    rows = batch.num_rows if shape is None else shape.batch_size
-    arrays = dataset.collate_batch(batch, rows, seq)
-    if rows > len(arrays[0]):  # (packed batches come at their full row count)
-        pad = ((0, rows - len(arrays[0])), (0, 0))
-        arrays = [np.pad(a, pad) for a in arrays]
-    ids, mask, valid, *pos = [torch.from_numpy(a).to(device, non_blocking=True) for a in arrays]
-    return DeviceBatch(batch, ids, mask, valid, shape, pos[0] if pos else None)
 
 
 def autocast_for(device: torch.device, mode: str):
@@ -78,7 +69,7 @@ class TrainStep:
         # packed rows: each document's cap (model.drafter.num_anchors), loss.sample_anchors
         self.anchors_per_document = int(anchors_per_document)
         self.log_grad_norm = bool(log_grad_norm)
-        if nonfinite not in ("stop", "skip"):
+        if nonfinite not in NONFINITE:
             raise ValueError(f"optim.nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
         self.nonfinite = nonfinite
         self.device = next(drafter.parameters()).device

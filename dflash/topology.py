@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import choice
-from .errors import DataError
+from dflash.options import choice
+from dflash.errors import DataError
 
 
 @dataclass
@@ -30,6 +30,9 @@ class Topology:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(kind: str) -> torch.device:

@@ -14,9 +14,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from . import config as _config  # noqa: F401  (registers the schemas)
-from .runner import Runner
-from .errors import user_errors_exit
+from dflash import config
+from dflash.trainer import Trainer
+from dflash.errors import user_errors_exit
+
+config.register()  # the schemas every app composes against
 
 log = logging.getLogger("dflash.train")
 
@@ -25,24 +27,29 @@ SHOWN = ("strategy", "steps", "samples_seen", "tokens_per_second", "padding_effi
          "compiles_after_warmup", "wall_seconds")
 
 
+def build_trainer(overrides=(), out_dir: str | Path = "outputs/runs/api") -> Trainer:
+    """A built run from command-line style overrides, outside Hydra's run dir handling."""
+    return Trainer(config.compose("train", overrides), out_dir).build()
+
+
 def format_summary(summary: dict) -> str:
     rows = []
     for k in SHOWN:
         v = summary.get(k)
         rows.append(f"{k:>26}  {v:,.3f}" if isinstance(v, float) else f"{k:>26}  {v}")
     if summary.get("warmup"):
-        from .shapes import format_shape_report
+        from dflash.warmup.shapes import format_shape_report
         rows.append(format_shape_report(summary["warmup"]))
     return "\n".join(rows)
 
 
-@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
+@hydra.main(config_path="conf", config_name="train", version_base="1.3")
 @user_errors_exit
 def main(cfg: DictConfig) -> float | None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    runner = Runner(cfg, out_dir).build()
-    summary = runner.run()
-    if runner.topo.is_main:
+    trainer = Trainer(cfg, out_dir).build()
+    summary = trainer.run()
+    if trainer.topo.is_main:
         print(format_summary(summary))
         print(f"run dir: {out_dir}")
     # a sweeper that optimises (Optuna) reads the job's return value

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import choice
-from .loggers import Logger
+from dflash.options import choice
+from dflash.loggers import Logger
 
 _TRAIN = {"loss", "lr", "grad_norm", "acc", "accept_est"}
 
@@ -77,7 +77,7 @@ class WandbLogger(Logger):
                                                  data=shapes.get("warm_shapes", []))
             self.run.summary["plan/warmup_steps_covered"] = shapes.get("steps_covered")
         if info.get("lengths") is not None:
-            from .plotting import pyplot
+            from dflash.plotting import pyplot
             fig = _histogram(np.asarray(info["lengths"]), info.get("boundaries", []))
             out["plan/length_histogram"] = wb.Image(fig)
             pyplot().close(fig)
@@ -95,7 +95,7 @@ class WandbLogger(Logger):
 
 def _histogram(lengths: np.ndarray, boundaries):
     """A matplotlib figure: sample lengths with the bucket boundaries as vertical lines."""
-    from .plotting import pyplot
+    from dflash.plotting import pyplot
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.hist(lengths, bins=80, color="tab:blue", alpha=0.8)

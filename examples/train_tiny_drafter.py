@@ -2,7 +2,7 @@
 
     python examples/train_tiny_drafter.py [hydra overrides, e.g. epochs=2]
 
-Runs the same Runner as `make train`, then measures acceptance length by real
+Runs the same Trainer as `make train`, then measures acceptance length by real
 speculative decoding on held-out prompts three ways: the trained drafter, the same
 drafter with its target context zeroed, and an n-gram table built from the training
 data. Only a drafter that reads the target's hidden states can beat the other two.
@@ -15,20 +15,17 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from hydra import compose, initialize_config_dir  # noqa: E402
 
-import dflash.config  # noqa: E402,F401
-from dflash.ablation import context_ablation  # noqa: E402
-from dflash.runner import Runner  # noqa: E402
+from dflash.eval.ablation import context_ablation  # noqa: E402
+from dflash.config import compose  # noqa: E402
+from dflash.trainer import Trainer  # noqa: E402
 
-CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
 
 
 def main(overrides: list[str]) -> int:
-    with initialize_config_dir(config_dir=os.path.abspath(CONF), version_base="1.3"):
-        cfg = compose("train", overrides)
+    cfg = compose("train", overrides)
     out = tempfile.mkdtemp(prefix="dflash-example-")
-    runner = Runner(cfg, out).build()
+    runner = Trainer(cfg, out).build()
     summary = runner.run()
     scores = context_ablation(runner)
     print(f"drafter loss {summary['initial_loss']:.3f} -> {summary['final_loss']:.3f} "

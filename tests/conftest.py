@@ -9,6 +9,10 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from dflash import config  # noqa: E402
+
+config.register()  # the apps do this at start; tests compose the same schemas
+
 REPO = Path(__file__).resolve().parents[1]
 # one small world for the whole session: its target is fitted once, then cached
 WORLD = ["data.num_samples=400", "data.target_fit_steps=350", "eval.num_prompts=6",

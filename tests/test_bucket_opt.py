@@ -4,9 +4,10 @@ import yaml
 from hypothesis import given, settings, strategies as st
 
 from dflash.batching import DataError, PackingSpec
-from dflash.batching.bucket_opt import (build_cost_table, choose_auto, exhaustive_fit,
+from tests.helpers.bucket_fit import exhaustive_fit
+from dflash.batching.bucket_fit.optimal import (build_cost_table, choose_auto,
                                         optimal_fits, simulate)
-from dflash.batching.buckets import computed_boundaries, preset_boundaries
+from dflash.batching.boundaries import computed_boundaries, preset_boundaries
 from conftest import run_module
 
 SEED6 = preset_boundaries("seed6")
@@ -152,7 +153,7 @@ def _fit_app(tmp_path, lengths, *overrides):
     from hydra import compose, initialize_config_dir
     from dflash.buckets import run_buckets
     from pathlib import Path
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parents[1] / "dflash" / "conf"
     np.save(tmp_path / "len.npy", lengths)
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = compose("buckets", [f"lengths_file={tmp_path}/len.npy", *overrides])
@@ -160,7 +161,7 @@ def _fit_app(tmp_path, lengths, *overrides):
 
 
 def test_sort_window_is_in_the_objective_and_the_preset_reports_the_simulated_figure(tmp_path):
-    from dflash.batching.bucket_opt import predict
+    from dflash.batching.bucket_fit.optimal import predict
     lengths = np.random.default_rng(6).lognormal(6.5, 0.7, 40000).clip(16, 8000).astype(np.int64)
     out = tmp_path / "fit.yaml"
     res = _fit_app(tmp_path, lengths, "num_buckets=4", "batching.sort_window=4", f"out={out}",

@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 import dflash.config  # noqa: F401
 from conftest import REPO, run_module
 
-CONF = str(REPO / "conf")
-GROUPS = {g: sorted(p.stem for p in (REPO / "conf" / g).glob("*.yaml"))
+CONF = str(REPO / "dflash" / "conf")
+GROUPS = {g: sorted(p.stem for p in (REPO / "dflash" / "conf" / g).glob("*.yaml"))
           for g in ("data", "model", "batching", "buckets", "warmup", "topology", "logger")}
 
 
@@ -152,7 +152,7 @@ def test_train_experiments_compose(exp):
     if exp == "compare_shuffles":
         assert cfg.optim.max_tokens > 0 and cfg.logger.name == "wandb"
         import yaml
-        doc = yaml.safe_load((REPO / "conf" / "experiment" / "compare_shuffles.yaml").read_text())
+        doc = yaml.safe_load((REPO / "dflash" / "conf" / "experiment" / "compare_shuffles.yaml").read_text())
         assert doc["hydra"]["sweeper"]["params"]["shuffle"].split(",") == [
             "sorted", "random", "bucketed_quantile", "bucketed_geometric", "megabatch", "packed"]
         for s in doc["hydra"]["sweeper"]["params"]["shuffle"].split(","):

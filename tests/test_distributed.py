@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from hypothesis import given, settings, strategies as st
 
 from dflash.batching import PackingSpec, Planner, STRATEGIES
-from dflash.batching.buckets import preset_boundaries
+from dflash.batching.boundaries import preset_boundaries
 from dflash.batching.distributed import shard, step_groups, step_imbalance
 
 

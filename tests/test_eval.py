@@ -4,8 +4,8 @@ import torch
 from omegaconf import OmegaConf
 
 from dflash.config import DrafterConfig, TargetConfig
-from dflash.eval import (DrafterProposer, NgramProposer, _accept, speculative_decode,
-                         target_greedy)
+from dflash.eval.decode import DrafterProposer, NgramProposer, _accept, speculative_decode
+from tests.helpers.decoding import target_greedy
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.target import Target
 

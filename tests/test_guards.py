@@ -10,19 +10,19 @@ from dflash.loggers import Logger
 
 
 def _poisoned(cache, out, overrides, bad_calls):
-    from dflash.runner import Runner
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    from dflash.trainer import Trainer
+    with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
         cfg = compose("train", [*WORLD, f"data.cache_dir={cache}", "logger.progress=false",
                                 "eval.enabled=false", "pipeline.depth=0", "warmup=none",
                                 "epochs=1", "optim.max_steps=8", "logger.log_every=4", *overrides])
-    r = Runner(cfg, out).build()
-    real, calls = r.step.context, []
+    r = Trainer(cfg, out).build()
+    real, calls = r.train_step.context, []
 
     def context(b):  # the target's context of some batches turns NaN
         calls.append(b.batch)
         ctx = real(b)
         return ctx * float("nan") if len(calls) in bad_calls else ctx
-    r.step.context = context
+    r.train_step.context = context
     return r, calls
 
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from dflash.batching import PackingSpec, Planner
-from dflash.batching.buckets import computed_boundaries, preset_boundaries
+from dflash.batching.boundaries import computed_boundaries, preset_boundaries
 from dflash.batching.metrics import bucket_table, length_mixing, pair_repeat_rate
 from dflash.batching.report import plan_report
 
@@ -30,7 +30,7 @@ def test_pair_repeat_rate_counts_shared_pairs():
     # same plan twice: every pair repeats
     assert pair_repeat_rate(a, a, 6) == 1.0
     # hand-made next epoch: batches {0,1,2},{3,4,5} vs {0,1,3},{2,4,5}: 2 of 6 pairs repeat
-    from dflash.batching.plan import EpochPlan
+    from dflash.batching.epoch_plan import EpochPlan
     p = EpochPlan.build(0, np.arange(6), np.array([0, 3, 6]), np.zeros(2), lengths)
     q = EpochPlan.build(1, np.array([0, 1, 3, 2, 4, 5]), np.array([0, 3, 6]), np.zeros(2), lengths)
     assert pair_repeat_rate(p, q, 6) == pytest.approx(2 / 6)

@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 from dflash.batching import DataError
 from dflash.config import DrafterConfig, TargetConfig
-from dflash.eval import speculative_generate, target_greedy
+from tests.helpers.decoding import speculative_generate, target_greedy
 from dflash.model.checkpoint import load_drafter, save_drafter
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import block_targets, drafter_loss, position_weights, sample_anchors
@@ -173,7 +173,7 @@ def test_speculative_decoding_is_lossless(target):
     untrained = _drafter(target).eval()
     # a drafter that proposes the target's greedy tokens well is emulated by training a
     # little on the target's own greedy output
-    from dflash.model.quick_train import greedy_continuations, train_drafter
+    from tests.helpers.quick_train import greedy_continuations, train_drafter
     prompts = torch.randint(3, 500, (24, 8), generator=torch.Generator().manual_seed(3))
     seqs = greedy_continuations(target, prompts, 40)
     mask = torch.zeros_like(seqs, dtype=torch.bool)

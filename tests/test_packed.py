@@ -216,7 +216,7 @@ def test_packed_plan_invariants(data):
 
 
 def test_packed_rows_get_the_anchor_slots_their_documents_would_get_alone():
-    from dflash.batching.row_packing import anchor_slots_per_row
+    from dflash.batching.packed_rows import anchor_slots_per_row
     lengths = np.full(1000, 128)
     # 8 documents of 128 a row, 32 slots each when unpacked
     assert anchor_slots_per_row(lengths, 32, 1024) == 256

@@ -1,7 +1,7 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from dflash.batching.packing import pack, segment_ends
+from dflash.batching.greedy import pack, segment_ends
 from conftest import reference_pack
 
 

@@ -15,11 +15,11 @@ from dflash.loggers import Logger
 
 
 def _runner(cache, out, overrides):
-    from dflash.runner import Runner
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    from dflash.trainer import Trainer
+    with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
         cfg = compose("train", [*WORLD, f"data.cache_dir={cache}", "logger.progress=false",
                                 "eval.enabled=false", *overrides])
-    return Runner(cfg, out).build()
+    return Trainer(cfg, out).build()
 
 
 def _pipeline_threads():
@@ -105,8 +105,8 @@ def test_cpu_stages_share_the_cores_and_default_to_sequential(tmp_path, world_ca
             seen.setdefault(stage, set()).add(torch.get_num_threads())
             return fn(*a, **k)
         return wrapped
-    r.step.context = record(r.step.context, "target")
-    r.step.drafter_step = record(r.step.drafter_step, "drafter")
+    r.train_step.context = record(r.train_step.context, "target")
+    r.train_step.drafter_step = record(r.train_step.drafter_step, "drafter")
     before = torch.get_num_threads()
     assert r.train(Logger())["pipeline_depth"] == 2
     assert len(seen["target"]) == len(seen["drafter"]) == 1, seen
@@ -147,7 +147,7 @@ def test_two_gloo_ranks_through_torchrun(tmp_path, world_cache):
 def test_wrong_process_count_is_refused(world_cache):
     from dflash.errors import DataError
     from dflash.topology import build_topology
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
         cfg = compose("train", ["topology=8gpu"])
     with pytest.raises(DataError, match="dp_size=4 data-parallel processes but 1 were started"):
         build_topology(cfg.topology)

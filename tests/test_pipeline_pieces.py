@@ -5,7 +5,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dflash.batching import PackingSpec, Planner
-from dflash.batching.buckets import computed_boundaries
+from dflash.batching.boundaries import computed_boundaries
 from dflash.config import DrafterConfig, TargetConfig
 from dflash.data.synthetic import build_synthetic, synthetic_lengths
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
@@ -20,7 +20,7 @@ def test_loss_falls_on_planned_synthetic_batches(tmp_path):
     ds.check_vocab(target.vocab_size)
     # a real target is a trained LM: fit the tiny one to this data first (random LM heads
     # give near-flat logits that a drafter needs many steps to overcome)
-    from dflash.model.quick_train import fit_target_lm
+    from tests.helpers.quick_train import fit_target_lm
     rows = [ds.sample(i)[0][:32] for i in range(len(ds)) if ds.lengths[i] >= 32]
     fit_target_lm(target, torch.as_tensor(np.stack(rows), dtype=torch.long), steps=150)
     torch.manual_seed(0)

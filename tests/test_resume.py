@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO, WORLD
-from dflash import state
+from dflash import resume as state
 from dflash.errors import DataError
 
 

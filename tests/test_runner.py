@@ -48,17 +48,17 @@ def test_train_entry_point_end_to_end(tmp_path, cache):
 
 
 def _runner(cache, out, overrides):
-    from dflash.runner import Runner
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    from dflash.trainer import Trainer
+    with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
         cfg = compose("train", [*WORLD, f"data.cache_dir={cache}", "logger.progress=false",
                                 *overrides])
-    return Runner(cfg, out).build()
+    return Trainer(cfg, out).build()
 
 
 def test_drafter_beats_zeroed_context_and_ngram_lookup(tmp_path, cache):
     """The world's replies are fixed by the prompt: only a drafter that reads the
     target's hidden states can draft them, and only it may score well."""
-    from dflash.ablation import context_ablation
+    from dflash.eval.ablation import context_ablation
     # ~250 steps: the drafter takes off after ~120 (retrieval is learned suddenly)
     runner = _runner(cache, tmp_path, ["data.num_samples=800", "epochs=5"])
     runner.run()

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dflash.batching import DataError, PackingSpec, Planner, STRATEGIES
-from dflash.batching.buckets import assign
+from dflash.batching.boundaries import assign
 
 
 @st.composite

@@ -8,9 +8,9 @@ from hydra import compose, initialize_config_dir
 
 import dflash.config  # noqa: F401
 from conftest import REPO, WORLD, run_module
-from dflash.batching.plan import EpochPlan
+from dflash.batching.epoch_plan import EpochPlan
 from dflash.errors import DataError
-from dflash.shapes import PlanShapes, Rounding, ShapePlan, select
+from dflash.warmup.shapes import PlanShapes, Rounding, ShapePlan, select
 
 
 def _plan(batches, bucket):
@@ -58,7 +58,7 @@ def test_rounding_and_menu():
 
 
 def test_policies_on_a_real_plan(full_lengths):
-    from dflash.batching.buckets import resolve_boundaries
+    from dflash.batching.boundaries import resolve_boundaries
     from dflash.batching.strategies import build_planner
     from omegaconf import OmegaConf
     lengths = full_lengths[:60000]
@@ -93,12 +93,12 @@ def test_policies_on_a_real_plan(full_lengths):
 
 
 def test_padding_rows_carry_nothing(world_cache):
-    from dflash.runner import Runner
-    from dflash.shapes import Shape
-    from dflash.step import collate
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    from dflash.trainer import Trainer
+    from dflash.warmup.shapes import Shape
+    from tests.helpers.batches import collate
+    with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
         cfg = compose("train", [*WORLD, f"data.cache_dir={world_cache}", "logger.progress=false"])
-    r = Runner(cfg, "/tmp/unused").build()
+    r = Trainer(cfg, "/tmp/unused").build()
     batch = r.shard(0)[0]
     shape = Shape(batch.batch_size + 3, batch.seq_len + 5, 32)
     b = collate(r.dataset, batch, torch.device("cpu"), shape)
@@ -106,10 +106,10 @@ def test_padding_rows_carry_nothing(world_cache):
     assert not b.valid[batch.batch_size:].any() and not b.loss_mask[batch.batch_size:].any()
     natural = collate(r.dataset, batch, torch.device("cpu"))
     assert torch.equal(b.ids[:batch.batch_size, :batch.seq_len], natural.ids)
-    ctx = r.step.context(b)
+    ctx = r.train_step.context(b)
     assert torch.isfinite(ctx).all()  # an all-padding row keeps the target's softmax defined
     # the real rows' context does not depend on the padding around them
-    torch.testing.assert_close(ctx[:batch.batch_size, :batch.seq_len], r.step.context(natural))
+    torch.testing.assert_close(ctx[:batch.batch_size, :batch.seq_len], r.train_step.context(natural))
 
 
 def _params(runner):
@@ -117,14 +117,14 @@ def _params(runner):
 
 
 def test_warmup_does_not_change_training(tmp_path, world_cache):
-    from dflash.runner import Runner
+    from dflash.trainer import Trainer
     from dflash.loggers import Logger
     outs = []
     for policy in ("all", "none"):
-        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
             cfg = compose("train", [*WORLD, f"data.cache_dir={world_cache}", "logger.progress=false",
                                     f"warmup={policy}", "epochs=1", "optim.max_steps=6"])
-        r = Runner(cfg, tmp_path / policy).build()
+        r = Trainer(cfg, tmp_path / policy).build()
         summary = r.train(Logger())
         outs.append((summary, _params(r)))
     (warm, pw), (cold, pc) = outs

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .plan import EpochPlan
+from dflash.batching.epoch_plan import EpochPlan
 
 # Attention FLOPs per (token x context position) relative to the linear layers' FLOPs per
 # token: for an 8B Qwen3 about 4 * d_model * layers / (2 * params) ~ 1 / 27,000.
@@ -24,6 +24,9 @@ def batch_cost(plan: EpochPlan, attention_cost: float = DEFAULT_ATTENTION_COST) 
     b = plan.batch_rows.astype(np.float64)
     s = plan.seq_len.astype(np.float64)
     return b * s * (1.0 + attention_cost * s)
+
+
+REMAINDERS = ("repeat", "drop")
 
 
 def _dealt(num_batches: int, world_size: int, remainder: str) -> np.ndarray:

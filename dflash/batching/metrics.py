@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .plan import EpochPlan
+from dflash.batching.epoch_plan import EpochPlan
 
 
 def batch_of_sample(plan: EpochPlan, num_samples: int) -> np.ndarray:

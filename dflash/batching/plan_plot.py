@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..plotting import pyplot, save
+from dflash.plotting import pyplot, save
 
 
 def label(entry: dict) -> str:

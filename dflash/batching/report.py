@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from .metrics import bucket_table, format_table, length_mixing, pair_repeat_rate
-from .distributed import remainder_stats
-from .strategies import Planner
+from dflash.batching.metrics import bucket_table, format_table, length_mixing, pair_repeat_rate
+from dflash.batching.distributed import remainder_stats
+from dflash.batching.strategies import Planner
 
 
 def plan_report(planner: Planner, epochs: int, world_size: int = 1, remainder: str = "repeat",

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import buckets as bk
-from ..config import choice
-from ..errors import DataError
-from .lengths import check_fits_budget, check_lengths
-from .packing import pack, segment_ends
-from .row_packing import packed_layout, rows_per_batch
-from .plan import EpochPlan
+from dflash.batching import boundaries as bk
+from dflash.options import choice
+from dflash.errors import DataError
+from dflash.data.lengths import check_fits_budget, check_lengths
+from dflash.batching.greedy import pack, segment_ends
+from dflash.batching.packed_rows import packed_layout, rows_per_batch
+from dflash.batching.epoch_plan import EpochPlan
 
 STRATEGIES = ("sorted", "random", "bucketed", "megabatch", "packed")
 

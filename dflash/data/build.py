@@ -5,12 +5,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..batching.lengths import check_lengths, load_lengths
-from ..config import choice
-from ..errors import DataError
-from .format import TokenDataset
-from .overlong import apply_to_lengths, check_policy
-from .synthetic import build_synthetic, synthetic_lengths
+from dflash.data.lengths import check_lengths, load_lengths
+from dflash.options import choice
+from dflash.errors import DataError
+from dflash.data.format import TokenDataset
+from dflash.data.overlong import apply_to_lengths, check_policy
+from dflash.data.synthetic import build_synthetic, synthetic_lengths
 
 SOURCES = ("world", "synthetic", "tokenized", "lengths")
 
@@ -54,8 +54,8 @@ def load_data(cfg, lengths_file: str | None = None, need_tokens: bool = False) -
     info = {"source": source, "num_samples": len(lengths), **report.as_dict()}
     ds = None
     if need_tokens and source == "world":
-        # the world's tokens need its fitted target: dflash.sources builds them
-        raise DataError("data=world tokens are built by the training run (dflash.sources)")
+        # the world's tokens need its fitted target: dflash.sources.build builds them
+        raise DataError("data=world tokens are built by the training run (dflash.sources.build)")
     if need_tokens:
         ds = build_synthetic(cfg.num_samples, cfg.length_scale, cfg.min_length, cfg.vocab_size,
                              cfg.seed, lengths, cfg.cache_dir)

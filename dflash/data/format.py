@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from dflash.errors import DataError
 
 FORMAT = "dflash-tokens"
 VERSION = 1

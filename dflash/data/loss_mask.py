@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DataError
+from dflash.errors import DataError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 

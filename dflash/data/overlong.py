@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DataError
+from dflash.errors import DataError
 
 POLICIES = ("truncate", "drop", "error")
 

@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..errors import DataError, user_errors_exit
-from .format import DatasetWriter, TokenDataset
-from .loss_mask import assistant_mask, end_of_turn_ids
-from .overlong import OverlongReport, check_policy
+from dflash.errors import DataError, user_errors_exit
+from dflash.data.format import DatasetWriter, TokenDataset
+from dflash.data.loss_mask import assistant_mask, end_of_turn_ids
+from dflash.data.overlong import OverlongReport, check_policy
 
 
 BAD_LINE_POLICIES = ("skip", "error")

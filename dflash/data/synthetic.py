@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..errors import DataError
-from .format import DatasetWriter, TokenDataset
+from dflash.errors import DataError
+from dflash.data.format import DatasetWriter, TokenDataset
 
 # Knots (cumulative probability, length) of the production length distribution.
 _U = np.array([0, .02, .08, .16, .24, .315, .40, .5, .60, .70, .80, .88, .935, .95, .97,

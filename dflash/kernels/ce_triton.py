@@ -31,7 +31,7 @@ if _INTERPRET:  # two small tiles: the interpreter still walks the real autotune
 # The kernel overwrites its logits with gradients, so every benchmarked config must see
 # the original logits again (`restore_value`), or the call that tunes returns wrong
 # losses. Tuned configs go to Triton's on-disk cache (TRITON_CACHE_DIR, set by
-# dflash.warmup), so later runs and other ranks skip the benchmark.
+# dflash.warmup.run), so later runs and other ranks skip the benchmark.
 @triton.autotune(configs=_CONFIGS, key=["V"], do_bench=_bench_without_gpu if _INTERPRET else None,
                  restore_value=["logits_ptr"], cache_results=not _INTERPRET)
 @triton.jit

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import torch
 
-from .ce_torch import ce_chunk_torch
+from dflash.kernels.ce_torch import ce_chunk_torch
+
+
+LOSS_IMPLS = ("auto", "torch", "triton")
 
 
 def _chunk_fn(impl: str):
     if impl == "torch":
         return ce_chunk_torch
     if impl == "triton":
-        from .ce_triton import ce_chunk_triton
+        from dflash.kernels.ce_triton import ce_chunk_triton
         return ce_chunk_triton
     raise ValueError(f"model.loss_impl must be 'auto', 'torch' or 'triton', got {impl!r}")
 

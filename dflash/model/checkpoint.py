@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..errors import DataError
-from .drafter import DFlashDrafter, DrafterSpec
+from dflash.errors import DataError
+from dflash.model.drafter import DFlashDrafter, DrafterSpec
 
 
 def drafter_config_dict(spec: DrafterSpec) -> dict:

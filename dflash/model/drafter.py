@@ -152,8 +152,8 @@ def flex_attention_fn(device: torch.device):
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         return flex_attention
     if "cuda" not in _FLEX:
-        # static shapes: the shape set is closed and warmed (dflash.shapes), and
-        # dflash.warmup raises dynamo's recompile limit to its size
+        # static shapes: the shape set is closed and warmed (dflash.warmup.shapes), and
+        # dflash.warmup.run raises dynamo's recompile limit to its size
         _FLEX["cuda"] = torch.compile(flex_attention, dynamic=False)
     return _FLEX["cuda"]
 

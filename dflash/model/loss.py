@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import fused_lm_head_ce
+from dflash.kernels import fused_lm_head_ce
 
 
 @dataclass

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import DataError
+from dflash.errors import DataError
 
 
 class _StopForward(Exception):

@@ -1,7 +1,7 @@
 """What a training run reads: the data set, the frozen target and held-out eval prompts.
 
 `data=world` (the CPU default) fits its own tiny target and writes target-consistent
-data (see `dflash.data.world`); every other source uses the configured target as is and
+data (see `dflash.sources.world`); every other source uses the configured target as is and
 holds out the last `eval.num_prompts` samples, whose prompts (the tokens before the
 first supervised one) training never sees.
 """
@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from .config import choice
-from .data.build import Data, load_data
-from .data.overlong import apply_to_lengths
-from .data.synthetic import synthetic_lengths
-from .errors import DataError
-from .model.target import Target, target_vocab_size
+from dflash.options import choice
+from dflash.data.build import Data, load_data
+from dflash.data.overlong import apply_to_lengths
+from dflash.data.synthetic import synthetic_lengths
+from dflash.errors import DataError
+from dflash.model.target import Target, target_vocab_size
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Sources:
 
 
 def _world(cfg, progress: bool) -> Sources:
-    from .data.world import World, held_out_prompts, load_world
+    from dflash.sources.world import World, held_out_prompts, load_world
 
     d = cfg.data
     raw = synthetic_lengths(d.num_samples, d.length_scale, d.min_length, d.seed)

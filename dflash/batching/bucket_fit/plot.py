@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..plotting import pyplot, save
+from dflash.plotting import pyplot, save
 
 
 def plot_fit(lengths: np.ndarray, boundaries, predicted: list[float], simulated: list[float],

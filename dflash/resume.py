@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from .errors import DataError
+from dflash.errors import DataError
 
-log = logging.getLogger("dflash.state")
+log = logging.getLogger("dflash.resume")
 
 PLAN_KEYS = ("data", "batching", "buckets", "seed", "epochs", "topology.dp_size",
              "optim.max_steps", "optim.max_tokens", "model.drafter.num_anchors")

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..optim import warmup_cosine
-from ..step import DeviceBatch, TrainStep
+from dflash.optim import warmup_cosine
+from dflash.step import DeviceBatch, TrainStep
 
 
 def fit_target_lm(target, sequences: torch.Tensor, steps: int, batch: int = 32,

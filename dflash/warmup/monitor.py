@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from .errors import DataError
+from dflash.errors import DataError
 
 log = logging.getLogger("dflash.compile")
 
@@ -24,6 +24,9 @@ def _counts(autotuners: list) -> dict:
             "autotune_runs": sum(len(getattr(a, "cache", {})) for a in autotuners)}
 
 
+ON_COMPILE = ("warn", "stop")
+
+
 class CompileError(DataError):
     """A compile after warmup with `warmup.on_compile=stop`: the message names the fix."""
 
@@ -34,7 +37,7 @@ class CompileMonitor:
     def __init__(self, on_compile: str = "warn", autotuners=lambda: []):
         """`autotuners`: returns the autotuned kernels loaded so far (a kernel module may
         first load mid-training, and its first tuning must still be seen)."""
-        if on_compile not in ("warn", "stop"):
+        if on_compile not in ON_COMPILE:
             raise ValueError(f"warmup.on_compile must be 'warn' or 'stop', got {on_compile!r}")
         self.on_compile = on_compile
         self.autotuners = autotuners

@@ -8,17 +8,16 @@ table. The answer is then measured by exact simulation of the real planner.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from .bucket_cost import bucket_costs_from, histogram_bins
-from ..errors import DataError
-from .lengths import check_fits_budget, check_lengths
-from .metrics import bucket_table
-from .strategies import PackingSpec, Planner
+from dflash.batching.bucket_fit.cost import bucket_costs_from, histogram_bins
+from dflash.errors import DataError
+from dflash.data.lengths import check_fits_budget, check_lengths
+from dflash.batching.metrics import bucket_table
+from dflash.batching.strategies import PackingSpec, Planner
 
 
 @dataclass
@@ -117,19 +116,6 @@ def optimal_fits(table: CostTable, k_max: int) -> list[BucketFit]:
         cuts.append(0)
         fits.append(_fit(table, tuple(reversed(cuts))))
     return fits
-
-
-def exhaustive_fit(table: CostTable, k: int) -> BucketFit:
-    """Brute force over every choice of inner boundaries (for tests on small inputs)."""
-    _check_k(table, k)
-    g = table.num_bins
-    best = None
-    for inner in itertools.combinations(range(1, g), k - 1):
-        cuts = (0, *inner, g)
-        cost = sum(table.padded[a, b] for a, b in zip(cuts[:-1], cuts[1:]))
-        if best is None or cost < best[0]:
-            best = (cost, cuts)
-    return _fit(table, best[1])
 
 
 def choose_auto(fits: list[BucketFit], gap: float) -> BucketFit:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 from tqdm.auto import tqdm
 
-from .bucket_cost import histogram_bins
-from .bucket_opt import simulate
-from .strategies import PackingSpec
+from dflash.batching.bucket_fit.cost import histogram_bins
+from dflash.batching.bucket_fit.optimal import simulate
+from dflash.batching.strategies import PackingSpec
 
 STEPS = (-4, -1, 1, 4)  # grid moves tried per boundary
 

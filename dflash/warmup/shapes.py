@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DataError
+from dflash.errors import DataError
 
 POLICIES = ("none", "bucket_max", "top_k", "coverage", "all")
 
@@ -230,7 +230,7 @@ class ShapePlan:
 
 
 def build_shape_plan(plans, warmup_cfg, anchors: int) -> ShapePlan:
-    from .config import choice
+    from dflash.options import choice
     rounding = Rounding(int(warmup_cfg.pad_to_multiple), tuple(int(x) for x in warmup_cfg.batch_sizes),
                         int(anchors))
     shapes = PlanShapes.from_plans(plans, rounding)

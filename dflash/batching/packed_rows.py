@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DataError
+from dflash.errors import DataError
 
 
 def first_fit_rows(lengths: np.ndarray, row_len: int, window: int) -> np.ndarray:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from dflash.errors import DataError
 
 
 def check_lengths(lengths, source: str = "lengths") -> np.ndarray:

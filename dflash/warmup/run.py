@@ -1,6 +1,6 @@
 """The warm run: every kernel compiled and tuned for every planned shape before step 1.
 
-For each shape of the closed set (`dflash.shapes`), largest first so the allocator
+For each shape of the closed set (`dflash.warmup.shapes`), largest first so the allocator
 reserves peak memory up front, the run does what a training step does except the
 update: target forward, drafter forward and backward, the fused LM-head loss (whose
 Triton autotuner picks its config on first call per vocabulary size). Weights,
@@ -20,7 +20,10 @@ from pathlib import Path
 
 import torch
 
-log = logging.getLogger("dflash.warmup")
+log = logging.getLogger("dflash.warmup.run")
+
+
+COMPILE_MODES = ("off", "static", "dynamic")
 
 
 def use_compile_caches(cache_dir: str | Path) -> Path:
@@ -52,7 +55,7 @@ def dummy_batch(shape, vocab_size: int, device, seed: int = 0, packed: bool = Fa
     anchor slot is valid and the loss covers every row (the largest work of the shape).
     Packed runs warm with position ids too (one document per row: the most work), so
     the warmed code path is the one training takes."""
-    from .step import DeviceBatch
+    from dflash.step import DeviceBatch
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab_size, (shape.batch_size, shape.seq_len), generator=g)
     ones = torch.ones_like(ids, dtype=torch.bool)

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..errors import DataError
-from .format import DatasetWriter, TokenDataset
-from .synthetic import ASSISTANT_ID, FIRST_CONTENT_ID, USER_ID
+from dflash.errors import DataError
+from dflash.data.format import DatasetWriter, TokenDataset
+from dflash.data.synthetic import ASSISTANT_ID, FIRST_CONTENT_ID, USER_ID
 
 log = logging.getLogger("dflash.world")
 VERSION = 2  # 2: fit without the padding mask
@@ -106,7 +106,7 @@ def _target_settings(target_cfg) -> dict:
 def fit_target(world: World, target_cfg, steps: int, cache_dir: str | Path,
                batch: int = 32, lr: float = 1e-2, progress: bool = True) -> Path:
     """Fit the tiny target to the world's rule (cached); returns its HF directory."""
-    from ..model.target import build_tiny_qwen3
+    from dflash.model.target import build_tiny_qwen3
 
     if target_cfg.path is not None:
         raise DataError("data=world fits its own tiny target: use model=tiny "

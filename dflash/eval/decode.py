@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .model.loss import block_embeddings
-from .errors import user_errors_exit
+from dflash.model.loss import block_embeddings
 
 
 @dataclass
@@ -283,10 +282,6 @@ def _accept(logits, drafts, q, temperature, gen):
     return n, _sample(residual, gen)
 
 
-def acceptance_length(target, drafter, prompts, max_new_tokens: int = 48, **kw) -> float:
-    return evaluate(target, drafter, prompts, max_new_tokens, **kw).acceptance_length
-
-
 def evaluate(target, drafter, prompts, max_new_tokens: int = 64, zero_context: bool = False,
              **kw) -> EvalResult:
     was_training = drafter.training
@@ -296,146 +291,3 @@ def evaluate(target, drafter, prompts, max_new_tokens: int = 64, zero_context: b
                                   prompts, max_new_tokens, **kw)
     finally:
         drafter.train(was_training)
-
-
-def speculative_generate(target, drafter, prompt, max_new_tokens: int):
-    """One prompt, greedy: (tokens, accept lengths) — the lossless check's subject."""
-    r = evaluate(target, drafter, [prompt], max_new_tokens, batch_size=1)
-    return SpecResult(r.tokens[0], r.accept_lengths[0])
-
-
-@dataclass
-class SpecResult:
-    tokens: list
-    accept_lengths: list = field(default_factory=list)
-
-    @property
-    def acceptance_length(self) -> float:
-        return float(np.mean(self.accept_lengths)) if self.accept_lengths else 0.0
-
-
-@torch.no_grad()
-def target_greedy(target, prompt, max_new_tokens: int) -> list:
-    """The target's own greedy decoding (HF generate): the reference output."""
-    dev = target.lm_head_weight.device
-    seq = torch.as_tensor(prompt, dtype=torch.long, device=dev).view(1, -1)
-    out = target.lm.generate(input_ids=seq, attention_mask=torch.ones_like(seq),
-                             max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=0)
-    return out[0, seq.shape[1]:].tolist()
-
-
-# ---- `python -m dflash.eval` ---------------------------------------------------------
-def load_prompts(path, limit: int = -1) -> list:
-    """Prompts from a JSONL file ({"prompt_ids": [...]} per line) or a dflash data set
-    directory (each sample's tokens before its first supervised one)."""
-    import json
-    from pathlib import Path
-
-    from .errors import DataError
-
-    path = Path(path)
-    prompts = []
-    if path.is_dir():
-        from .data.format import TokenDataset
-        from .sources import prompt_of
-        ds = TokenDataset.open(path)
-        n = len(ds) if limit < 0 else min(limit, len(ds))
-        return [prompt_of(*ds.sample(i)).tolist() for i in range(n)]
-    if not path.exists():
-        raise DataError(f"prompts file not found: {path}")
-    with open(path, encoding="utf-8", errors="strict") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                ids = json.loads(line)["prompt_ids"]
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise DataError(f"{path}:{n}: expected a JSON object with 'prompt_ids' "
-                                f"({exc})") from exc
-            if not ids or not all(isinstance(t, int) for t in ids):
-                raise DataError(f"{path}:{n}: 'prompt_ids' must be a non-empty list of ints")
-            prompts.append(ids)
-            if 0 <= limit <= len(prompts):
-                break
-    if not prompts:
-        raise DataError(f"{path}: no prompts")
-    return prompts
-
-
-def check_pair(drafter, target, prompts, where: str) -> None:
-    """A drafter trained for another target loads silently and accepts ~nothing: refuse."""
-    from .errors import DataError
-
-    s = drafter.spec
-    n = len(target.base.layers)
-    problems = []
-    if s.hidden_size != target.hidden_size:
-        problems.append(f"hidden size {s.hidden_size} vs the target's {target.hidden_size}")
-    if s.vocab_size != target.vocab_size:
-        problems.append(f"vocabulary {s.vocab_size} vs the target's {target.vocab_size}")
-    if s.num_target_layers != n or max(s.target_layer_ids) >= n:
-        problems.append(f"target_layer_ids {s.target_layer_ids} of a {s.num_target_layers}-layer "
-                        f"target vs this {n}-layer one")
-    if problems:
-        raise DataError(f"{where} does not fit the target: " + "; ".join(problems))
-    bad = [i for i, p in enumerate(prompts) if max(p) >= target.vocab_size]
-    if bad:
-        raise DataError(f"prompt {bad[0]} holds token id {max(prompts[bad[0]])} outside the "
-                        f"target vocabulary of {target.vocab_size}")
-
-
-def main_app(cfg) -> dict:
-    import json
-
-    from .config import choice
-    from .errors import DataError
-    from .model.checkpoint import load_drafter
-    from .model.target import Target
-    from .topology import resolve_device
-
-    if not cfg.drafter or not cfg.prompts:
-        raise DataError("dflash.eval needs drafter=DIR and prompts=FILE (JSONL or data set dir)")
-    dev = resolve_device(choice(cfg.device))
-    target = Target.from_config(cfg.model.target).to(dev)
-    drafter = load_drafter(cfg.drafter, device=dev)
-    prompts = load_prompts(cfg.prompts, int(cfg.num_prompts))
-    check_pair(drafter, target, prompts, f"drafter {cfg.drafter}")
-    target.layer_ids = list(drafter.spec.target_layer_ids)  # the checkpoint decides
-    res = evaluate(target, drafter, prompts, int(cfg.max_new_tokens),
-                   temperature=float(cfg.temperature), batch_size=int(cfg.batch_size),
-                   seed=int(cfg.seed), eos_token_id=getattr(target.config, "eos_token_id", None))
-    report = {"drafter": str(cfg.drafter), "prompts": str(cfg.prompts),
-              "temperature": float(cfg.temperature), "max_new_tokens": int(cfg.max_new_tokens),
-              **res.as_dict()}
-    if cfg.out:
-        from pathlib import Path
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(report, indent=2))
-    return report
-
-
-def format_eval(report: dict) -> str:
-    hist = report["histogram"]
-    total = max(1, sum(hist))
-    lines = [f"acceptance length {report['acceptance_length']:.3f} over "
-             f"{report['verify_steps']} verify steps, {len(report['per_prompt'])} prompts",
-             "per prompt: " + " ".join(f"{x:.2f}" for x in report["per_prompt"]),
-             "accepted tokens per step:"]
-    for k, c in enumerate(hist, 1):
-        if c:
-            lines.append(f"  {k:>2}  {c:>6}  {'#' * max(1, round(40 * c / total))}")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    import hydra
-
-    from . import config as _config  # noqa: F401
-
-    @hydra.main(config_path="../conf", config_name="eval", version_base="1.3")
-    @user_errors_exit
-    def _main(cfg) -> None:
-        print(format_eval(main_app(cfg)))
-
-    _main()

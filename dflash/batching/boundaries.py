@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import choice
-from ..errors import DataError
+from dflash.options import choice
+from dflash.errors import DataError
 
 COMPUTED = ("geometric", "quantile", "equal_tokens")
-PRESET_DIR = Path(__file__).resolve().parents[2] / "conf" / "buckets"
+PRESET_DIR = Path(__file__).resolve().parents[1] / "conf" / "buckets"  # shipped in the wheel
 
 
 def check_boundaries(boundaries, lengths: np.ndarray | None = None,

@@ -1,14 +1,14 @@
 """The training run: build every part from the config, then train.
 
-    sources   data set + frozen target + held-out prompts   (dflash.sources)
+    sources   data set + frozen target + held-out prompts   (dflash.sources.build)
     planner   one EpochPlan per epoch, this rank's shard     (dflash.batching)
-    shapes    the closed shape set every batch runs at       (dflash.shapes)
+    shapes    the closed shape set every batch runs at       (dflash.warmup.shapes)
     drafter   + AdamW + warmup/cosine schedule               (dflash.model, dflash.optim)
     step      target context -> drafter loss -> update       (dflash.step)
     logger    metrics.jsonl (+ W&B)                          (dflash.loggers)
 
-Before step 1 every planned shape is warmed (dflash.warmup) and a compile monitor then
-watches for anything compiled or tuned mid-training (dflash.compile_monitor).
+Before step 1 every planned shape is warmed (dflash.warmup.run) and a compile monitor then
+watches for anything compiled or tuned mid-training (dflash.warmup.monitor).
 The loop is `for epoch: for batch in shard(plan).batches(): step(batch)`; metrics stay
 on the device and are gathered every `logger.log_every` steps. At the end the drafter
 is written in the public DFlash layout and measured by real speculative decoding on
@@ -26,36 +26,36 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from .batching.buckets import resolve_boundaries
-from .batching.distributed import shard
-from .batching.strategies import build_planner
-from .compile_monitor import CompileMonitor
-from .config import choice
-from .errors import DataError
-from .eval import evaluate
-from .loggers import build_logger
-from .model.checkpoint import save_drafter
-from .model.drafter import DFlashDrafter, DrafterSpec
-from .optim import build_optimizer
-from .shapes import build_shape_plan
-from .sources import build_sources
-from .batching.row_packing import anchor_slots_per_row
-from .state import Checkpointer, SignalStop, requeue_job
-from .pipeline import DrafterClock, Pipeline, StageTimes
-from .step import StepMetrics, TrainStep, seeded_generator
-from .topology import build_topology
-from .warmup import configure_compile, use_compile_caches, warm, warm_ranks
+from dflash.batching.boundaries import resolve_boundaries
+from dflash.batching.distributed import shard
+from dflash.batching.strategies import build_planner
+from dflash.warmup.monitor import CompileMonitor
+from dflash.options import choice
+from dflash.errors import DataError
+from dflash.eval.decode import evaluate
+from dflash.loggers import build_logger
+from dflash.model.checkpoint import save_drafter
+from dflash.model.drafter import DFlashDrafter, DrafterSpec
+from dflash.optim import build_optimizer
+from dflash.warmup.shapes import build_shape_plan
+from dflash.sources.build import build_sources
+from dflash.batching.packed_rows import anchor_slots_per_row
+from dflash.resume import Checkpointer, SignalStop, requeue_job
+from dflash.pipeline import DrafterClock, Pipeline, StageTimes
+from dflash.step import StepMetrics, TrainStep, seeded_generator
+from dflash.topology import build_topology
+from dflash.warmup.run import configure_compile, use_compile_caches, warm, warm_ranks
 
-log = logging.getLogger("dflash.runner")
+log = logging.getLogger("dflash.trainer")
 
 
-class Runner:
+class Trainer:
     def __init__(self, cfg, out_dir: str | Path):
         self.cfg = cfg
         self.out_dir = Path(out_dir)
 
     # ---- build -----------------------------------------------------------------------
-    def build(self) -> "Runner":
+    def build(self) -> "Trainer":
         cfg = self.cfg
         self.topo = build_topology(cfg.topology)
         use_compile_caches(cfg.data.cache_dir)  # before anything compiles or tunes
@@ -97,7 +97,7 @@ class Runner:
             module = DDP(local, device_ids=[dev] if dev.type == "cuda" else None)
         self.optimizer, self.scheduler = build_optimizer(self.drafter.parameters(), cfg.optim, total)
         dc = cfg.model.drafter
-        self.step = TrainStep(
+        self.train_step = TrainStep(
             self.target, self.drafter, self.optimizer, self.scheduler,
             num_anchors=self.num_anchors, anchors_per_document=int(dc.num_anchors),
             gamma=dc.gamma, grad_clip=cfg.optim.grad_clip,
@@ -132,7 +132,7 @@ class Runner:
 
     def plan_quality(self) -> dict:
         """Diversity of the run's plans: pair repeat rate (epoch 0 -> 1) and length mixing."""
-        from .batching.metrics import length_mixing, pair_repeat_rate
+        from dflash.batching.metrics import length_mixing, pair_repeat_rate
         lengths = self.sources.data.lengths
         e0, e1 = self.planner.epoch(0), self.planner.epoch(1)
         return {"pair_repeat_rate": pair_repeat_rate(e0, e1, len(lengths)),
@@ -141,7 +141,7 @@ class Runner:
 
     def plan_info(self) -> dict:
         """What the logger shows once: per-bucket table, lengths and boundaries, shapes."""
-        from .batching.metrics import bucket_table
+        from dflash.batching.metrics import bucket_table
         return {"buckets": bucket_table(self.planner.epoch(0), self.boundaries),
                 "boundaries": self.boundaries.tolist(), "lengths": self.sources.data.lengths,
                 **self.plan_quality(), "steps_per_epoch": self.steps_per_epoch,
@@ -243,7 +243,7 @@ class Runner:
         warmed = self.warm()
         monitor = CompileMonitor(choice(cfg.warmup.on_compile), _autotuners)
         monitor.start()
-        pipe = Pipeline(self.step, self.dataset, self.shapes, self.topo.target_device,
+        pipe = Pipeline(self.train_step, self.dataset, self.shapes, self.topo.target_device,
                         self.topo.drafter_device, cfg.pipeline.depth, int(cfg.pipeline.prefetch))
         self.pipeline_depth = pipe.depth
         times, clock = StageTimes(), DrafterClock(self.topo.drafter_device)
@@ -272,7 +272,7 @@ class Runner:
             for item in items:
                 batch, shape = item.batch, item.shape
                 tick = clock.start()
-                m = self.step.drafter_step(item.device_batch, item.context)
+                m = self.train_step.drafter_step(item.device_batch, item.context)
                 item.times["drafter"] = clock.stop(tick)
                 recent.append((step + 1, batch, m["loss"], m["grad_norm"]))
                 if m["skipped"]:
@@ -383,7 +383,7 @@ class Runner:
             return {"seconds": 0.0, "per_shape": []}
         vocab = int(self.target.vocab_size)
         return warm_ranks(self.topo, lambda: warm(
-            self.step, self.shapes.warm, vocab, self.topo.drafter_device,
+            self.train_step, self.shapes.warm, vocab, self.topo.drafter_device,
             progress=bool(self.cfg.logger.progress and self.topo.is_main),
             packed=self.planner.strategy == "packed"))
 
