@@ -128,32 +128,46 @@ def newest_valid(ckpt_dir: Path):
 
 
 class Checkpointer:
-    """The runner's side of checkpoints: what goes in, where, and resuming from it."""
+    """The training side of checkpoints: what goes in, when a save is due, and resuming.
 
-    def __init__(self, runner, every: int, keep: int, resume: str, force: bool):
-        self.r, self.every, self.keep = runner, int(every), int(keep)
-        self.dir = Path(runner.out_dir) / "checkpoints"
-        self.resume, self.force = str(resume), bool(force)
-        self.hash = plan_hash(runner.cfg)
+    It holds the objects whose state it saves (drafter, optimizer, schedule, the anchor
+    RNG) and decides itself when to write: every `checkpoint.every_steps` steps and on a
+    preemption. `extra` is the trainer's own progress (a dict), saved beside them."""
+
+    def __init__(self, out_dir, cfg, resume: str, plan_digest: str, topo, *, drafter,
+                 optimizer, scheduler, generator):
+        self.every, self.keep = int(cfg.every_steps), int(cfg.keep)
+        self.dir = Path(out_dir) / "checkpoints"
+        self.resume, self.force = str(resume), bool(cfg.force_resume)
+        self.hash, self.topo = plan_digest, topo
+        self.drafter, self.optimizer, self.scheduler = drafter, optimizer, scheduler
+        self.generator = generator
 
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
+    def after_step(self, step: int, preempted, state) -> Path | None:
+        """Save when due or preempted; `state()` gives ((epoch, batch) to resume at,
+        extra), only computed when a save happens."""
+        if not (self.due(step) or preempted):
+            return None
+        position, extra = state()
+        return self.save(step, position, extra)
+
     def save(self, step: int, position: tuple[int, int], extra: dict) -> Path | None:
         """All ranks call this (their anchor RNG states are gathered); rank 0 writes."""
-        r = self.r
-        rng = r.step.generator.get_state()
+        rng = self.generator.get_state()
         rngs = [rng]
-        if r.topo.distributed:
+        if self.topo.distributed:
             import torch.distributed as dist
-            rngs = [None] * r.topo.world_size
+            rngs = [None] * self.topo.world_size
             dist.all_gather_object(rngs, rng)
-        if not r.topo.is_main:
+        if not self.topo.is_main:
             return None
-        state = {"drafter": r.drafter.state_dict(), "optimizer": r.optimizer.state_dict(),
-                 "scheduler": r.scheduler.state_dict(), "anchor_rng": rngs, **extra}
+        state = {"drafter": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "anchor_rng": rngs, **extra}
         meta = {"epoch": position[0], "position": position[1], "plan_hash": self.hash,
-                "world_size": r.topo.world_size}
+                "world_size": self.topo.world_size}
         return save(self.dir, step, state, meta, self.keep)
 
     def find(self):
@@ -171,94 +185,25 @@ class Checkpointer:
         return found
 
     def load(self):
-        """Restore weights, optimizer, schedule and RNG; the position to start from."""
+        """Restore weights, optimizer, schedule and RNG; the saved state with the step
+        and position to start from (None: a fresh start)."""
         found = self.find()
         if found is None:
             return None
         path, meta, state = found
-        r = self.r
         if meta["plan_hash"] != self.hash and not self.force:
             raise DataError(f"resume from {path}: the plan settings changed since it was written "
                             f"(plan hash {meta['plan_hash']} -> {self.hash}: data, batching, buckets, "
                             "seed, epochs or dp_size); resuming would repeat or skip samples. "
                             "Restore them, or pass checkpoint.force_resume=true")
-        if meta["world_size"] != r.topo.world_size:
+        if meta["world_size"] != self.topo.world_size:
             raise DataError(f"resume from {path}: written by {meta['world_size']} ranks, "
-                            f"{r.topo.world_size} started")
-        r.drafter.load_state_dict(state["drafter"])
-        r.optimizer.load_state_dict(state["optimizer"])
-        r.scheduler.load_state_dict(state["scheduler"])
-        r.step.generator.set_state(state["anchor_rng"][r.topo.rank])
+                            f"{self.topo.world_size} started")
+        self.drafter.load_state_dict(state["drafter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["anchor_rng"][self.topo.rank])
         log.info("resumed from %s (step %d, epoch %d, batch %d)", path, meta["step"],
                  meta["epoch"], meta["position"])
         return {**state, "step": meta["step"], "epoch": meta["epoch"],
                 "position": meta["position"], "path": str(path)}
-
-
-def requeue_job(policy: str) -> str | None:
-    """After a preemption checkpoint: ask SLURM to requeue this job (what submitit does
-    for its own checkpointable jobs). Returns what was done, for the summary; a failed
-    request is a warning, never an error (the checkpoint is already safe)."""
-    import subprocess
-    policy = str(policy).lower()
-    if policy not in ("auto", "true", "false"):
-        raise DataError(f"checkpoint.requeue must be auto, true or false, got {policy!r}")
-    job = os.environ.get("SLURM_ARRAY_JOB_ID") and (
-        f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}")
-    job = job or os.environ.get("SLURM_JOB_ID")
-    if policy == "false" or (policy == "auto" and not job):
-        return None
-    if not job:
-        log.warning("checkpoint.requeue=true but SLURM_JOB_ID is not set: not requeued")
-        return None
-    try:
-        subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True,
-                       text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("could not requeue SLURM job %s (%s); resume it with resume=auto", job, exc)
-        return None
-    log.info("requeued SLURM job %s", job)
-    return job
-
-
-class SignalStop:
-    """SIGTERM / SIGUSR1 (what SLURM sends before preemption) ask the run to checkpoint
-    and stop at the next step boundary. With several ranks the request is agreed at the
-    metric syncs (an all-reduce), so every rank stops after the same step."""
-
-    # SIGUSR2: submitit's preemption / timeout signal (hydra/launcher=submitit_slurm)
-    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
-
-    def __init__(self, topo):
-        import signal
-        import threading
-        self.topo, self.signum, self.old = topo, None, {}
-        if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
-                sig = getattr(signal, name, None)
-                if sig is not None:
-                    self.old[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, _frame):
-        self.signum = signum
-
-    def requested(self, step: int, every: int):
-        """The signal's name when the run should stop now, else None."""
-        import signal
-        flag = self.signum is not None
-        if self.topo.distributed:
-            if step % every:
-                return None
-            import torch.distributed as dist
-            t = torch.tensor([int(flag)], device=self.topo.drafter_device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            flag = bool(t.item())
-        if not flag:
-            return None
-        return signal.Signals(self.signum).name if self.signum else "SIGTERM"
-
-    def restore(self) -> None:
-        import signal
-        for sig, old in self.old.items():
-            signal.signal(sig, old)
-        self.old = {}

@@ -5,8 +5,8 @@
                    clip -> AdamW -> LR schedule
 
 Nothing here reads a value back to the host: the step's metrics are device tensors
-that `StepMetrics` sums, and the runner synchronises them every `logger.log_every`
-steps. Mixed precision: the target runs in its own dtype (bf16 for production); the
+that `dflash.metrics.StepMetrics` sums, and the trainer synchronises them every
+`logger.log_every` steps. Mixed precision: the target runs in its own dtype (bf16 for production); the
 drafter keeps fp32 master weights and computes under `torch.autocast` when enabled.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dflash.model.loss import drafter_loss
+from dflash.model.loss import Objective, drafter_loss
 
 
 AUTOCAST = ("auto", "bf16", "off")
@@ -48,14 +48,23 @@ def autocast_for(device: torch.device, mode: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
+@dataclass(frozen=True)
+class StepPolicy:
+    """How the update is taken: clipping, mixed precision, non-finite handling."""
+    grad_clip: float = 1.0  # 0: no clip
+    autocast: str = "auto"  # auto = bf16 on CUDA only | bf16 | off
+    log_grad_norm: bool = True  # without a clip the norm costs a reduction: optional
+    nonfinite: str = "stop"  # stop (found at the next sync) | skip (one host read a step)
+
+    def __post_init__(self):
+        if self.nonfinite not in NONFINITE:
+            raise ValueError(f"optim.nonfinite must be 'stop' or 'skip', got {self.nonfinite!r}")
+
+
 class TrainStep:
-    def __init__(self, target, drafter, optimizer, scheduler, *, num_anchors: int,
-                 gamma: float, grad_clip: float, loss_chunk: int = 0,
-                 loss_chunk_mb: float = 256,
-                 loss_impl: str = "auto", autocast: str = "auto",
-                 generator: torch.Generator | None = None, module=None, local=None,
-                 log_grad_norm: bool = True, nonfinite: str = "stop",
-                 anchors_per_document: int = 0):
+    def __init__(self, target, drafter, optimizer, scheduler, objective: Objective,
+                 policy: StepPolicy = StepPolicy(), generator: torch.Generator | None = None,
+                 module=None, local=None):
         self.target, self.drafter = target, drafter
         # `module` runs the training forward (a DDP wrapper of `local`); `local` is the
         # same forward without DDP (compiled when `model.compile` is on), for warmup;
@@ -63,15 +72,7 @@ class TrainStep:
         self.local = local if local is not None else drafter
         self.module = module if module is not None else self.local
         self.optimizer, self.scheduler = optimizer, scheduler
-        self.num_anchors, self.gamma, self.grad_clip = int(num_anchors), float(gamma), float(grad_clip)
-        self.loss_chunk, self.loss_impl, self.autocast = int(loss_chunk), loss_impl, autocast
-        self.loss_chunk_mb = float(loss_chunk_mb)
-        # packed rows: each document's cap (model.drafter.num_anchors), loss.sample_anchors
-        self.anchors_per_document = int(anchors_per_document)
-        self.log_grad_norm = bool(log_grad_norm)
-        if nonfinite not in NONFINITE:
-            raise ValueError(f"optim.nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
-        self.nonfinite = nonfinite
+        self.objective, self.policy = objective, policy
         self.device = next(drafter.parameters()).device
         self.target_device = next(target.parameters()).device
         self.generator = generator or torch.Generator(device=self.device).manual_seed(0)
@@ -93,13 +94,10 @@ class TrainStep:
     # ---- drafter stage -------------------------------------------------------------
     def _loss(self, module, b: DeviceBatch, ctx: torch.Tensor, generator):
         module.train()
-        with autocast_for(self.device, self.autocast):
+        with autocast_for(self.device, self.policy.autocast):
             return drafter_loss(module, ctx, self.target.embed_tokens,
                                 self.target.lm_head_weight, b.ids, b.loss_mask, b.valid,
-                                self.num_anchors, self.gamma, generator,
-                                chunk=self.loss_chunk, impl=self.loss_impl,
-                                chunk_mb=self.loss_chunk_mb, position_ids=b.position_ids,
-                                anchors_per_document=self.anchors_per_document)
+                                self.objective, generator, position_ids=b.position_ids)
 
     def warm_step(self, b: DeviceBatch, ctx: torch.Tensor) -> None:
         """Forward and backward of the real step without the update (the bare drafter:
@@ -112,17 +110,18 @@ class TrainStep:
         out = self._loss(self.module, b, ctx, self.generator)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
+        pol = self.policy
         params = [p for p in self.drafter.parameters() if p.grad is not None]
-        if self.grad_clip > 0:  # the norm comes with the clip
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
-        elif self.log_grad_norm:
+        if pol.grad_clip > 0:  # the norm comes with the clip
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, pol.grad_clip)
+        elif pol.log_grad_norm:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         else:  # no clip and not logged: skip a reduction over every parameter
             grad_norm = torch.zeros((), device=self.device)
         lr = self.optimizer.param_groups[0]["lr"]
         skipped = False
-        if self.nonfinite == "skip":  # the one host read of this mode
-            total = grad_norm if grad_norm.numel() and (self.grad_clip > 0 or self.log_grad_norm) \
+        if pol.nonfinite == "skip":  # the one host read of this mode
+            total = grad_norm if grad_norm.numel() and (pol.grad_clip > 0 or pol.log_grad_norm) \
                 else torch.zeros((), device=self.device)
             skipped = not bool(torch.isfinite(out.loss.detach()) & torch.isfinite(total))
         if skipped:
@@ -136,44 +135,6 @@ class TrainStep:
 
     def __call__(self, b: DeviceBatch) -> dict:
         return self.drafter_step(b, self.context(b))
-
-
-class StepMetrics:
-    """Sums step metrics on the device; `flush()` is the only host synchronisation."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self):
-        self.sums = None
-        self.steps = 0
-        self.tokens = 0  # real tokens (known on the host from the plan)
-        self.padded = 0
-        self.samples = 0
-        self.lr = 0.0
-
-    def add(self, m: dict, batch, padded_tokens: int | None = None) -> None:
-        """`padded_tokens`: the slots the step computed (its run shape), when not the
-        batch's natural shape."""
-        vec = torch.cat([torch.stack([m["loss"], m["accept_est"], m["grad_norm"]]), m["acc"]])
-        self.sums = vec if self.sums is None else self.sums + vec
-        self.steps += 1
-        self.tokens += int(batch.num_tokens)
-        self.padded += int(batch.padded_tokens if padded_tokens is None else padded_tokens)
-        self.samples += batch.batch_size
-        self.lr = float(m["lr"])
-
-    def flush(self) -> dict:
-        """Means since the last flush (one device -> host copy), then start afresh."""
-        if not self.steps:
-            return {}
-        v = (self.sums / self.steps).tolist()
-        rec = {"loss": v[0], "accept_est": v[1], "grad_norm": v[2],
-               "acc": [round(x, 4) for x in v[3:]], "lr": self.lr, "steps": self.steps,
-               "tokens": self.tokens, "padded_tokens": self.padded, "samples": self.samples,
-               "padding_efficiency": self.tokens / max(1, self.padded)}
-        self.reset()
-        return rec
 
 
 def seeded_generator(device: torch.device, seed: int, rank: int = 0) -> torch.Generator:

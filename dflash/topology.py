@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash.options import choice
-from dflash.errors import DataError
+from dflash.errors import TopologyError
 
 
 @dataclass
@@ -38,7 +38,7 @@ DEVICES = ("auto", "cpu", "cuda")
 def resolve_device(kind: str) -> torch.device:
     if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise DataError("topology.device=cuda but no CUDA device is visible "
+            raise TopologyError("topology.device=cuda but no CUDA device is visible "
                             "(use topology=cpu)")
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     return torch.device("cpu")
@@ -48,16 +48,16 @@ def pair_devices(cfg, local: int, local_world: int, gpus: int) -> tuple[int, int
     """GPU indices (target, drafter) of local rank `local`."""
     t, d = list(cfg.target_devices), list(cfg.drafter_devices)
     if len(t) != len(d):
-        raise DataError(f"topology {cfg.name}: target_devices {t} and drafter_devices {d} "
+        raise TopologyError(f"topology {cfg.name}: target_devices {t} and drafter_devices {d} "
                         "must list one GPU per pair each")
     if not t:  # a GPU each when the node has enough, else the pair shares one
         return (2 * local, 2 * local + 1) if 2 * local_world <= gpus else (local % gpus,) * 2
     if local >= len(t):
-        raise DataError(f"topology {cfg.name}: local rank {local} has no pair in "
+        raise TopologyError(f"topology {cfg.name}: local rank {local} has no pair in "
                         f"target_devices {t} (start at most {len(t)} processes per node)")
     bad = [g for g in (t[local], d[local]) if not 0 <= g < gpus]
     if bad:
-        raise DataError(f"topology {cfg.name}: GPU {bad[0]} of pair {local} does not exist "
+        raise TopologyError(f"topology {cfg.name}: GPU {bad[0]} of pair {local} does not exist "
                         f"({gpus} visible)")
     return t[local], d[local]
 
@@ -70,7 +70,7 @@ def _from_submitit() -> None:
     try:
         from submitit.helpers import TorchDistributedEnvironment
     except ImportError as exc:
-        raise DataError("a submitit job without torchrun needs submitit "
+        raise TopologyError("a submitit job without torchrun needs submitit "
                         "(pip install -e '.[slurm]')") from exc
     TorchDistributedEnvironment().export()
 
@@ -82,7 +82,7 @@ def build_topology(cfg) -> Topology:
     local = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if int(cfg.dp_size) != world:
-        raise DataError(f"topology {cfg.name} plans for dp_size={cfg.dp_size} data-parallel "
+        raise TopologyError(f"topology {cfg.name} plans for dp_size={cfg.dp_size} data-parallel "
                         f"processes but {world} were started (torchrun --nproc_per_node x "
                         f"nodes); start {cfg.dp_size} or set topology.dp_size={world}")
     if cfg.expandable_segments and choice(cfg.device) != "cpu":

@@ -1,25 +1,28 @@
 """The training run: build every part from the config, then train.
 
-    sources   data set + frozen target + held-out prompts   (dflash.sources.build)
+    sources   data set + frozen target + held-out prompts   (dflash.sources)
     planner   one EpochPlan per epoch, this rank's shard     (dflash.batching)
     shapes    the closed shape set every batch runs at       (dflash.warmup.shapes)
     drafter   + AdamW + warmup/cosine schedule               (dflash.model, dflash.optim)
     step      target context -> drafter loss -> update       (dflash.step)
     logger    metrics.jsonl (+ W&B)                          (dflash.loggers)
 
-Before step 1 every planned shape is warmed (dflash.warmup.run) and a compile monitor then
-watches for anything compiled or tuned mid-training (dflash.warmup.monitor).
-The loop is `for epoch: for batch in shard(plan).batches(): step(batch)`; metrics stay
-on the device and are gathered every `logger.log_every` steps. At the end the drafter
-is written in the public DFlash layout and measured by real speculative decoding on
-prompts training never saw, beside the untrained drafter's figure.
+Before step 1 every planned shape is warmed (dflash.warmup) and a compile monitor then
+watches for anything compiled or tuned mid-training. `train()` is the algorithm: for
+each epoch, for each batch of this rank's shard, the pipeline brings the target's
+context and the drafter takes one step; the bookkeeping around it (metrics, NaN
+guard, evaluation and checkpoint cadence) lives in small helpers. At the end the
+drafter is written in the public DFlash layout and measured by real speculative
+decoding on prompts training never saw, beside the untrained drafter's figure.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,25 +31,54 @@ from omegaconf import OmegaConf
 
 from dflash.batching.boundaries import resolve_boundaries
 from dflash.batching.distributed import shard
+from dflash.batching.metrics import bucket_table, length_mixing, pair_repeat_rate
+from dflash.batching.packed_rows import anchor_slots_per_row
 from dflash.batching.strategies import build_planner
-from dflash.warmup.monitor import CompileMonitor
-from dflash.options import choice
-from dflash.errors import DataError
+from dflash.errors import ConfigError
 from dflash.eval.decode import evaluate
 from dflash.loggers import build_logger
+from dflash.metrics import Meter, NonFiniteGuard
 from dflash.model.checkpoint import save_drafter
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
+from dflash.model.loss import Objective
 from dflash.optim import build_optimizer
-from dflash.warmup.shapes import build_shape_plan
-from dflash.sources.build import build_sources
-from dflash.batching.packed_rows import anchor_slots_per_row
-from dflash.resume import Checkpointer, SignalStop, requeue_job
-from dflash.pipeline import DrafterClock, Pipeline, StageTimes
-from dflash.step import StepMetrics, TrainStep, seeded_generator
+from dflash.options import choice
+from dflash.pipeline import Pipeline
+from dflash.preemption import SignalStop, requeue_job
+from dflash.resume import Checkpointer, plan_hash
+from dflash.sources import build_sources
+from dflash.step import StepPolicy, TrainStep, seeded_generator
 from dflash.topology import build_topology
+from dflash.warmup.monitor import CompileMonitor
 from dflash.warmup.run import configure_compile, use_compile_caches, warm, warm_ranks
+from dflash.warmup.shapes import build_shape_plan
 
 log = logging.getLogger("dflash.trainer")
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint and restored on resume."""
+    step: int = 0
+    first_loss: float | None = None
+    batches_seen: list = field(default_factory=list)  # (epoch, batch) in training order
+    eval_curve: list = field(default_factory=list)
+    start: tuple[int, int] = (0, 0)  # (epoch, batch) the run starts at
+    resumed_from: str | None = None
+
+    @classmethod
+    def restore(cls, saved: dict | None) -> "Progress":
+        if not saved:
+            return cls()
+        return cls(saved["step"], saved["first_loss"], [tuple(x) for x in saved["batches_seen"]],
+                   saved["eval_curve"], (saved["epoch"], saved["position"]), saved["path"])
+
+    def first_batch(self, epoch: int) -> int:
+        return self.start[1] if epoch == self.start[0] else 0
+
+    def snapshot(self, totals) -> dict:
+        return {"batches_seen": self.batches_seen, "first_loss": self.first_loss,
+                "eval_curve": self.eval_curve, "totals": totals}
 
 
 class Trainer:
@@ -60,13 +92,7 @@ class Trainer:
         self.topo = build_topology(cfg.topology)
         use_compile_caches(cfg.data.cache_dir)  # before anything compiles or tunes
         torch.manual_seed(int(cfg.seed))
-        # rank 0 builds (and caches) the data and fitted target first; the others then
-        # read its cache instead of racing to write the same files
-        if self.topo.distributed and not self.topo.is_main:
-            torch.distributed.barrier()
-        self.sources = build_sources(cfg, progress=self.topo.is_main)
-        if self.topo.distributed and self.topo.is_main:
-            torch.distributed.barrier()
+        self.sources = self._build_sources()
         self.target = self.sources.target.to(self.topo.target_device)
         self.dataset = self.sources.data.dataset
         lengths = self.sources.data.lengths
@@ -74,16 +100,8 @@ class Trainer:
         self.planner = build_planner(cfg.batching, lengths, self.boundaries, int(cfg.seed),
                                      int(cfg.data.max_seq_len))
         self.steps_per_epoch = self.shard(0).num_batches
-        total = self.steps_per_epoch * int(cfg.epochs)
-        if int(cfg.optim.max_steps) > 0:
-            total = min(total, int(cfg.optim.max_steps)) if cfg.epochs > 0 else int(cfg.optim.max_steps)
-        if int(cfg.optim.max_tokens) > 0:
-            total = min(total, self.steps_for_tokens(int(cfg.optim.max_tokens), total))
-        if total < 1:
-            raise DataError(f"nothing to train: epochs={cfg.epochs}, "
-                             f"{self.steps_per_epoch} steps per epoch")
-        self.total_steps = total
-        self.num_epochs = -(-total // self.steps_per_epoch)
+        self.total_steps = self._total_steps()
+        self.num_epochs = -(-self.total_steps // self.steps_per_epoch)
         # every epoch's whole plan (all ranks' batches): each rank warms the same shapes
         self.num_anchors = self.anchor_slots()
         self.shapes = build_shape_plan([self.planner.epoch(e) for e in range(self.num_epochs)],
@@ -95,22 +113,55 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel as DDP
             dev = self.topo.drafter_device
             module = DDP(local, device_ids=[dev] if dev.type == "cuda" else None)
-        self.optimizer, self.scheduler = build_optimizer(self.drafter.parameters(), cfg.optim, total)
-        dc = cfg.model.drafter
+        self.optimizer, self.scheduler = build_optimizer(self.drafter.parameters(), cfg.optim,
+                                                         self.total_steps)
         self.train_step = TrainStep(
-            self.target, self.drafter, self.optimizer, self.scheduler,
-            num_anchors=self.num_anchors, anchors_per_document=int(dc.num_anchors),
-            gamma=dc.gamma, grad_clip=cfg.optim.grad_clip,
-            loss_chunk=cfg.model.loss_chunk, loss_chunk_mb=cfg.model.loss_chunk_mb, loss_impl=choice(cfg.model.loss_impl),
-            autocast=choice(cfg.model.autocast),
+            self.target, self.drafter, self.optimizer, self.scheduler, self.objective(),
+            self.step_policy(),
             generator=seeded_generator(self.topo.drafter_device, int(cfg.seed), self.topo.rank),
-            module=module, local=local, log_grad_norm=bool(cfg.logger.grad_norm),
-            nonfinite=choice(cfg.optim.nonfinite))
+            module=module, local=local)
         return self
+
+    def _build_sources(self):
+        """Rank 0 builds (and caches) the data and fitted target first; the others then
+        read its cache instead of racing to write the same files."""
+        dist = self.topo.distributed
+        if dist and not self.topo.is_main:
+            torch.distributed.barrier()
+        sources = build_sources(self.cfg, progress=self.topo.is_main)
+        if dist and self.topo.is_main:
+            torch.distributed.barrier()
+        return sources
+
+    def _total_steps(self) -> int:
+        """Steps of the run: epochs, capped by optim.max_steps and optim.max_tokens."""
+        cfg = self.cfg
+        total = self.steps_per_epoch * int(cfg.epochs)
+        if int(cfg.optim.max_steps) > 0:
+            total = min(total, int(cfg.optim.max_steps)) if cfg.epochs > 0 else int(cfg.optim.max_steps)
+        if int(cfg.optim.max_tokens) > 0:
+            total = min(total, self.steps_for_tokens(int(cfg.optim.max_tokens), total))
+        if total < 1:
+            raise ConfigError(f"nothing to train: epochs={cfg.epochs}, "
+                              f"{self.steps_per_epoch} steps per epoch")
+        return total
+
+    def objective(self) -> Objective:
+        m = self.cfg.model
+        return Objective(num_anchors=self.num_anchors, gamma=float(m.drafter.gamma),
+                         anchors_per_document=int(m.drafter.num_anchors),
+                         chunk=int(m.loss_chunk), chunk_mb=float(m.loss_chunk_mb),
+                         impl=choice(m.loss_impl))
+
+    def step_policy(self) -> StepPolicy:
+        o = self.cfg.optim
+        return StepPolicy(grad_clip=float(o.grad_clip), autocast=choice(self.cfg.model.autocast),
+                          log_grad_norm=bool(self.cfg.logger.grad_norm),
+                          nonfinite=choice(o.nonfinite))
 
     def anchor_slots(self) -> int:
         """Anchor slots per row: the drafter's num_anchors, or for packed rows the slots
-        their documents would get unpacked (row_packing.anchor_slots_per_row)."""
+        their documents would get unpacked (packed_rows.anchor_slots_per_row)."""
         n = int(self.cfg.model.drafter.num_anchors)
         if self.planner.strategy != "packed":
             return n
@@ -132,7 +183,6 @@ class Trainer:
 
     def plan_quality(self) -> dict:
         """Diversity of the run's plans: pair repeat rate (epoch 0 -> 1) and length mixing."""
-        from dflash.batching.metrics import length_mixing, pair_repeat_rate
         lengths = self.sources.data.lengths
         e0, e1 = self.planner.epoch(0), self.planner.epoch(1)
         return {"pair_repeat_rate": pair_repeat_rate(e0, e1, len(lengths)),
@@ -141,7 +191,6 @@ class Trainer:
 
     def plan_info(self) -> dict:
         """What the logger shows once: per-bucket table, lengths and boundaries, shapes."""
-        from dflash.batching.metrics import bucket_table
         return {"buckets": bucket_table(self.planner.epoch(0), self.boundaries),
                 "boundaries": self.boundaries.tolist(), "lengths": self.sources.data.lengths,
                 **self.plan_quality(), "steps_per_epoch": self.steps_per_epoch,
@@ -156,11 +205,11 @@ class Trainer:
             return drafter
         attention = choice(self.cfg.model.attention)
         if self.topo.drafter_device.type != "cuda" and attention == "flex":
-            raise DataError("model.compile with model.attention=flex needs CUDA: torch has no "
-                            "compiled flex_attention backward on CPU (use model.attention=sdpa)")
+            raise ConfigError("model.compile with model.attention=flex needs CUDA: torch has no "
+                              "compiled flex_attention backward on CPU (use model.attention=sdpa)")
         if attention == "chunked":
-            raise DataError("model.compile with model.attention=chunked: its key windows are "
-                            "data-dependent shapes, eager only (use model.attention=sdpa or auto)")
+            raise ConfigError("model.compile with model.attention=chunked: its key windows are "
+                              "data-dependent shapes, eager only (use model.attention=sdpa or auto)")
         return torch.compile(drafter, dynamic=mode == "dynamic")
 
     def build_drafter(self) -> DFlashDrafter:
@@ -169,14 +218,19 @@ class Trainer:
             torch.manual_seed(int(self.cfg.model.drafter.seed))
             drafter = DFlashDrafter(spec)  # fp32 master weights, whatever the target's dtype
         drafter.set_attention(choice(self.cfg.model.attention))
-        drafter = drafter.to(self.topo.drafter_device)
-        return drafter
+        return drafter.to(self.topo.drafter_device)
 
     def shard(self, epoch: int):
         b = self.cfg.batching
         return shard(self.planner.epoch(epoch), self.topo.rank, self.topo.world_size,
                      choice(b.remainder), bool(b.balance_steps), float(b.attention_cost),
                      int(self.cfg.seed))
+
+    def checkpointer(self) -> Checkpointer:
+        return Checkpointer(self.out_dir, self.cfg.checkpoint, self.cfg.resume,
+                            plan_hash(self.cfg), self.topo, drafter=self.drafter,
+                            optimizer=self.optimizer, scheduler=self.scheduler,
+                            generator=self.train_step.generator)
 
     # ---- run -------------------------------------------------------------------------
     def evaluate(self) -> dict:
@@ -232,137 +286,116 @@ class Trainer:
             logger.finish(failed)
 
     def train(self, logger) -> dict:
-        from tqdm.auto import tqdm
-
-        cfg = self.cfg
-        every = max(1, int(cfg.logger.log_every))
-        metrics, total = StepMetrics(), StepMetrics()
-        bar = tqdm(total=self.total_steps, desc=f"train {self.planner.strategy}", unit="step",
-                   disable=not (cfg.logger.progress and self.topo.is_main), mininterval=1.0)
-        step, first_loss, last = 0, None, {}
+        ck = self.checkpointer()
+        progress = Progress.restore(saved := ck.load())
         warmed = self.warm()
-        monitor = CompileMonitor(choice(cfg.warmup.on_compile), _autotuners)
+        monitor = CompileMonitor(choice(self.cfg.warmup.on_compile), _autotuners)
         monitor.start()
-        pipe = Pipeline(self.train_step, self.dataset, self.shapes, self.topo.target_device,
-                        self.topo.drafter_device, cfg.pipeline.depth, int(cfg.pipeline.prefetch))
-        self.pipeline_depth = pipe.depth
-        times, clock = StageTimes(), DrafterClock(self.topo.drafter_device)
-        self.batches_seen = []  # (epoch, step) in the order the drafter trained on them
-        eval_every = int(cfg.eval.every_steps) if cfg.eval.enabled else 0
-        self.eval_curve, eval_seconds = [], 0.0
-        ck = Checkpointer(self, cfg.checkpoint.every_steps, cfg.checkpoint.keep, cfg.resume,
-                          cfg.checkpoint.force_resume)
-        start_epoch, start_pos, resumed = 0, 0, ck.load()
-        if resumed:
-            step, first_loss = resumed["step"], resumed["first_loss"]
-            start_epoch, start_pos = resumed["epoch"], resumed["position"]
-            self.batches_seen = [tuple(x) for x in resumed["batches_seen"]]
-            self.eval_curve = resumed["eval_curve"]
-            total.tokens, total.padded, total.samples = resumed["totals"]
-            bar.update(step)
-        snapshot = lambda: {"batches_seen": self.batches_seen, "first_loss": first_loss,  # noqa: E731
-                            "eval_curve": self.eval_curve,
-                            "totals": (total.tokens, total.padded, total.samples)}
-        stop, preempted = SignalStop(self.topo), None
-        recent, skipped = [], []  # steps since the last sync; steps skipped (nonfinite=skip)
-        t0 = time.perf_counter()
-        done = step >= self.total_steps
-        for epoch in range(start_epoch, self.num_epochs if not done else 0):
-            items = pipe.run(self.shard(epoch).batches(start_pos if epoch == start_epoch else 0))
+        pipe = self.pipeline()
+        meter = Meter(self.cfg.logger.log_every, self.total_steps, self.topo.drafter_device,
+                      saved["totals"] if saved else (0, 0, 0))
+        guard, stop, preempted = NonFiniteGuard(self.cfg.optim.max_skips), SignalStop(self.topo), None
+        bar = self.progress_bar(progress.step)
+        for epoch in range(progress.start[0], self.num_epochs):
+            if progress.step >= self.total_steps or preempted:
+                break
+            items = pipe.run(self.shard(epoch).batches(progress.first_batch(epoch)))
             for item in items:
-                batch, shape = item.batch, item.shape
-                tick = clock.start()
-                m = self.train_step.drafter_step(item.device_batch, item.context)
-                item.times["drafter"] = clock.stop(tick)
-                recent.append((step + 1, batch, m["loss"], m["grad_norm"]))
-                if m["skipped"]:
-                    skipped.append((step + 1, batch))
-                    if len(skipped) > int(cfg.optim.max_skips):
-                        raise DataError(f"{len(skipped)} steps had a NaN/inf loss or gradient, more "
-                                        f"than optim.max_skips={cfg.optim.max_skips}: "
-                                        + "; ".join(_where(s_, b_) for s_, b_ in skipped[-3:]))
-                    m = {k: torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
-                         if isinstance(v, torch.Tensor) else v for k, v in m.items()}
-                times.add(item.times)
-                metrics.add(m, batch, shape.tokens)
-                total.add(m, batch, shape.tokens)
-                self.batches_seen.append((batch.epoch, batch.step))
-                step += 1
-                monitor.check(step, shape)
-                if step == 1 or step % every == 0 or step == self.total_steps:
-                    rec = metrics.flush()  # the one host sync per interval
-                    if not (math.isfinite(rec["loss"]) and math.isfinite(rec["grad_norm"])):
-                        raise DataError(_first_nonfinite(recent))
-                    recent = []
-                    rec.update(times.flush(clock))
-                    first_loss = rec["loss"] if first_loss is None else first_loss
-                    elapsed = time.perf_counter() - t0
-                    rec.update(epoch=epoch, tokens_per_second=total.tokens / elapsed,
-                               padded_tokens_per_second=total.padded / elapsed,
-                               elapsed=elapsed)
-                    if self.topo.is_main:
-                        logger.log(rec, step)
-                    bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_second']:.0f}",
-                                    eff=f"{rec['padding_efficiency']:.2f}",
-                                    tgt=f"{rec['time_target_ms']:.0f}ms",
-                                    dft=f"{rec['time_drafter_ms']:.0f}ms", slow=rec["bottleneck"])
-                    last = rec
-                if eval_every and step % eval_every == 0 and step < self.total_steps:
-                    te = time.perf_counter()  # evaluation time is not training time
-                    point = self.evaluate() if self.topo.is_main else {}
-                    dt = time.perf_counter() - te
-                    eval_seconds, t0 = eval_seconds + dt, t0 + dt
-                    if point:
-                        self.eval_curve.append({
-                            "step": step, "train_seconds": time.perf_counter() - t0,
-                            "real_tokens": total.tokens, "acceptance_length": point["acceptance_length"]})
-                        logger.log_eval(point, step)
+                m = guard.add(progress.step + 1, item.batch, meter.drafter_step(self.train_step, item))
+                meter.add(m, item)
+                progress.batches_seen.append((item.batch.epoch, item.batch.index))
+                progress.step += 1
+                monitor.check(progress.step, item.shape)
+                if meter.due(progress.step):
+                    self.sync_metrics(meter, guard, progress, logger, bar, epoch)
+                self.eval_if_due(progress, meter, logger)
                 bar.update(1)
-                preempted = stop.requested(step, every)
-                if ck.due(step) or preempted or step >= self.total_steps:
-                    if ck.due(step) or preempted:
-                        ck.save(step, self.next_position(batch), snapshot())
-                if preempted or step >= self.total_steps:
-                    done = True
+                preempted = stop.requested(progress.step, meter.every)
+                ck.after_step(progress.step, preempted, lambda b=item.batch: (
+                    self.next_position(b), progress.snapshot(meter.totals)))
+                if preempted or progress.step >= self.total_steps:
                     items.close()  # stops the pipeline's threads
                     break
-            if done:
-                break
         stop.restore()
         bar.close()
-        seconds = time.perf_counter() - t0
-        digests = self.replica_digests()
-        return {"steps": step, "samples_seen": total.samples, "preempted": preempted,
-                "skipped_steps": [s_ for s_, _ in skipped],
-                "resumed_from": resumed["path"] if resumed else None,
-                "tokens_per_second": total.tokens / seconds,
-                "padded_tokens_per_second": total.padded / seconds,
-                "padding_efficiency": total.tokens / max(1, total.padded),
-                "real_tokens": total.tokens, "padded_tokens": total.padded,
-                "initial_loss": first_loss, "final_loss": last.get("loss"),
+        return self.train_summary(progress, meter, guard, monitor, warmed, preempted, pipe.depth)
+
+    # ---- bookkeeping around the loop -------------------------------------------------
+    def pipeline(self) -> Pipeline:
+        return Pipeline(self.train_step, self.dataset, self.shapes, self.topo.target_device,
+                        self.topo.drafter_device, self.cfg.pipeline.depth,
+                        int(self.cfg.pipeline.prefetch))
+
+    def progress_bar(self, done: int):
+        from tqdm.auto import tqdm
+        bar = tqdm(total=self.total_steps, desc=f"train {self.planner.strategy}", unit="step",
+                   disable=not (self.cfg.logger.progress and self.topo.is_main), mininterval=1.0)
+        bar.update(done)
+        return bar
+
+    def sync_metrics(self, meter, guard, progress, logger, bar, epoch: int) -> None:
+        """The one host sync per `logger.log_every` steps: check, log, show."""
+        rec = meter.flush(epoch)
+        guard.check(rec)
+        progress.first_loss = rec["loss"] if progress.first_loss is None else progress.first_loss
+        if self.topo.is_main:
+            logger.log(rec, progress.step)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_second']:.0f}",
+                        eff=f"{rec['padding_efficiency']:.2f}",
+                        tgt=f"{rec['time_target_ms']:.0f}ms",
+                        dft=f"{rec['time_drafter_ms']:.0f}ms", slow=rec["bottleneck"])
+
+    def eval_if_due(self, progress, meter, logger) -> None:
+        """`eval.every_steps`: acceptance during training, its time not counted as training."""
+        every = int(self.cfg.eval.every_steps) if self.cfg.eval.enabled else 0
+        step = progress.step
+        if not every or step % every or step >= self.total_steps:
+            return
+        te = time.perf_counter()
+        point = self.evaluate() if self.topo.is_main else {}
+        dt = time.perf_counter() - te
+        meter.exclude(dt)
+        if point:
+            progress.eval_curve.append({
+                "step": step, "train_seconds": meter.elapsed(), "real_tokens": meter.tokens,
+                "acceptance_length": point["acceptance_length"]})
+            logger.log_eval(point, step)
+
+    def train_summary(self, progress, meter, guard, monitor, warmed, preempted, depth) -> dict:
+        seconds = meter.elapsed()
+        last = meter.last
+        self.batches_seen, self.eval_curve = progress.batches_seen, progress.eval_curve
+        return {"steps": progress.step, "samples_seen": meter.samples, "preempted": preempted,
+                "skipped_steps": [s for s, _ in guard.skipped],
+                "resumed_from": progress.resumed_from,
+                "tokens_per_second": meter.tokens / seconds,
+                "padded_tokens_per_second": meter.padded / seconds,
+                "padding_efficiency": meter.tokens / max(1, meter.padded),
+                "real_tokens": meter.tokens, "padded_tokens": meter.padded,
+                "initial_loss": progress.first_loss, "final_loss": last.get("loss"),
                 "final_accept_est": last.get("accept_est"),
                 "warmup_shapes": [w.as_list() for w in self.shapes.warm],
                 **monitor.report(), "warmup": {**self.shapes.report(), **warmed},
                 "strategy": self.planner.strategy, "buckets": self.boundaries.tolist(),
-                "train_seconds": seconds, "epochs": int(cfg.epochs),
-                "eval_curve": self.eval_curve, "eval_seconds_during_training": eval_seconds,
-                "world_size": self.topo.world_size, "replica_digests": digests,
+                "train_seconds": seconds, "epochs": int(self.cfg.epochs),
+                "eval_curve": progress.eval_curve,
+                "eval_seconds_during_training": meter.excluded,
+                "world_size": self.topo.world_size, "replica_digests": self.replica_digests(),
                 "batches_per_epoch": self.planner.epoch(0).num_batches,
-                "steps_per_epoch": self.steps_per_epoch, "pipeline_depth": self.pipeline_depth,
+                "steps_per_epoch": self.steps_per_epoch, "pipeline_depth": depth,
                 "stage_ms": {k: v for k, v in last.items() if k.startswith("time_")},
                 "data": self.sources.data.info,
                 "target_dir": self.sources.target_dir}
 
     def next_position(self, batch) -> tuple[int, int]:
         """(epoch, batch index) of the batch after this one: where a resume starts."""
-        if batch.step + 1 >= self.shard(batch.epoch).num_batches:
+        if batch.index + 1 >= self.shard(batch.epoch).num_batches:
             return batch.epoch + 1, 0
-        return batch.epoch, batch.step + 1
+        return batch.epoch, batch.index + 1
 
     def replica_digests(self) -> list[str]:
         """A digest of the drafter's weights from every rank: DDP replicas must be equal
         bit for bit after the last step, or the run stops here saying so."""
-        import hashlib
         h = hashlib.sha256()
         for k, v in sorted(self.drafter.state_dict().items()):
             h.update(k.encode())
@@ -395,23 +428,6 @@ class Trainer:
             for p in self.sources.eval_prompts:
                 f.write(json.dumps({"prompt_ids": [int(t) for t in p]}) + "\n")
         (self.out_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
-
-
-def _where(step: int, batch) -> str:
-    ids = [int(i) for i in batch.sample_ids[:8]]
-    more = "..." if batch.batch_size > 8 else ""
-    return f"step {step} (epoch {batch.epoch}, batch {batch.step}, samples {ids}{more})"
-
-
-def _first_nonfinite(recent) -> str:
-    """Which step since the last sync went non-finite first (read only now, at the sync)."""
-    vals = torch.stack([torch.stack([lo.float(), g.float()]) for _, _, lo, g in recent]).tolist()
-    for (step, batch, _, _), (lo, g) in zip(recent, vals):
-        if not (math.isfinite(lo) and math.isfinite(g)):
-            return (f"NaN/inf {'loss' if not math.isfinite(lo) else 'gradient norm'} at "
-                    f"{_where(step, batch)}; optim.nonfinite=skip skips such steps "
-                    f"(up to optim.max_skips)")
-    return "NaN/inf in the metrics since the last sync"
 
 
 def run_names(logger_cfg) -> dict:

@@ -33,7 +33,7 @@ def test_nonfinite_stop_names_step_and_samples(tmp_path, world_cache):
         r.train(Logger())
     bad = calls[2]
     ids = [int(i) for i in bad.sample_ids[:8]]
-    assert f"at step 3 (epoch 0, batch {bad.step}, samples {ids}" in str(exc.value)
+    assert f"at step 3 (epoch 0, batch {bad.index}, samples {ids}" in str(exc.value)
     assert "optim.nonfinite=skip" in str(exc.value)
     assert len(calls) == 4  # found at the sync after step 4, not later
     assert any(not torch.equal(before[k], v) for k, v in r.drafter.state_dict().items())

@@ -10,7 +10,7 @@ from dflash.config import DrafterConfig, TargetConfig
 from tests.helpers.decoding import speculative_generate, target_greedy
 from dflash.model.checkpoint import load_drafter, save_drafter
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
-from dflash.model.loss import block_targets, drafter_loss, position_weights, sample_anchors
+from dflash.model.loss import Objective, block_targets, drafter_loss, position_weights, sample_anchors
 from dflash.model.target import Target, default_layer_ids
 
 
@@ -134,7 +134,7 @@ def test_loss_trains_only_the_drafter(target):
     lm[:, 10:] = True
     valid = torch.ones(2, 50, dtype=torch.bool)
     out = drafter_loss(d, target.context(ids), target.embed_tokens, target.lm_head_weight, ids,
-                       lm, valid, 8, 7.0, torch.Generator().manual_seed(0), impl="torch")
+                       lm, valid, Objective(8, impl="torch"), torch.Generator().manual_seed(0))
     out.loss.backward()
     assert out.rows > 0 and torch.isfinite(out.loss)
     assert out.acc.shape == (15,) and 1.0 <= out.accept_len <= 16.0
@@ -214,8 +214,8 @@ def test_bfloat16_path_runs_as_on_gpu():
     d = _drafter(t).to(torch.bfloat16)
     ids = torch.randint(3, 500, (2, 40))
     on = torch.ones(2, 40, dtype=torch.bool)
-    out = drafter_loss(d, t.context(ids), t.embed_tokens, t.lm_head_weight, ids, on, on, 8, 7.0,
-                       impl="torch")
+    out = drafter_loss(d, t.context(ids), t.embed_tokens, t.lm_head_weight, ids, on, on,
+                       Objective(8, impl="torch"))
     out.loss.backward()
     assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
     assert d.fc.weight.grad.dtype == torch.bfloat16

@@ -248,7 +248,7 @@ def test_packed_training_equals_unpacked_training_step_by_step(target):
     """With every candidate anchored, a packed row and its documents one per row train on
     the same blocks: losses and weights agree after each of three optimizer steps."""
     import copy
-    from dflash.model.loss import drafter_loss
+    from dflash.model.loss import Objective, drafter_loss
     d_packed = _drafter(target)
     d_rows = copy.deepcopy(d_packed)
     opts = [torch.optim.AdamW(d.parameters(), lr=1e-3) for d in (d_packed, d_rows)]
@@ -261,9 +261,9 @@ def test_packed_training_equals_unpacked_training_step_by_step(target):
     emb, head = target.embed_tokens, target.lm_head_weight
     for step in range(3):
         a = drafter_loss(d_packed, target.context(ids, None, pos), emb, head, ids, valid, valid,
-                         128, 7.0, position_ids=pos, anchors_per_document=64)
+                         Objective(128, anchors_per_document=64), position_ids=pos)
         b = drafter_loss(d_rows, target.context(rows, rvalid.long()), emb, head, rows, rvalid,
-                         rvalid, 64, 7.0)
+                         rvalid, Objective(64))
         assert int(a.rows) == int(b.rows)
         torch.testing.assert_close(a.loss, b.loss, rtol=1e-5, atol=1e-6)
         for opt, out in zip(opts, (a, b)):

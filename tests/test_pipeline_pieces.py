@@ -9,7 +9,7 @@ from dflash.batching.boundaries import computed_boundaries
 from dflash.config import DrafterConfig, TargetConfig
 from dflash.data.synthetic import build_synthetic, synthetic_lengths
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
-from dflash.model.loss import drafter_loss
+from dflash.model.loss import Objective, drafter_loss
 from dflash.model.target import Target
 
 
@@ -35,7 +35,7 @@ def test_loss_falls_on_planned_synthetic_batches(tmp_path):
             ids, mask, valid = (torch.from_numpy(a) for a in ds.collate(batch.sample_ids, batch.seq_len))
             assert ids.shape == batch.shape
             out = drafter_loss(drafter, target.context(ids, valid.long()), target.embed_tokens,
-                               target.lm_head_weight, ids, mask, valid, 16, 7.0, gen)
+                               target.lm_head_weight, ids, mask, valid, Objective(16), gen)
             opt.zero_grad()
             out.loss.backward()
             opt.step()

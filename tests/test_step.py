@@ -5,10 +5,10 @@ from omegaconf import OmegaConf
 
 from dflash.config import DrafterConfig, TargetConfig
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
-from dflash.model.loss import drafter_loss, sample_anchors
+from dflash.model.loss import Objective, drafter_loss, sample_anchors
 from dflash.model.target import Target
 from dflash.optim import warmup_cosine
-from dflash.step import DeviceBatch, TrainStep
+from dflash.step import DeviceBatch, StepPolicy, TrainStep
 
 
 def _batch(s=48):
@@ -33,14 +33,14 @@ def test_bf16_target_with_fp32_drafter_matches_fp32():
     ids, mask, valid = _batch()
     anchors = sample_anchors(mask, valid, 8, torch.Generator().manual_seed(1))
     ref = drafter_loss(drafter, fp32.context(ids, valid.long()), fp32.embed_tokens,
-                       fp32.lm_head_weight, ids, mask, valid, 8, 7.0, anchors=anchors)
+                       fp32.lm_head_weight, ids, mask, valid, Objective(8), anchors=anchors)
     # without autocast (the crash users hit: bf16 context into fp32 weights) ...
     plain = drafter_loss(drafter, bf16.context(ids, valid.long()), bf16.embed_tokens,
-                         bf16.lm_head_weight, ids, mask, valid, 8, 7.0, anchors=anchors)
+                         bf16.lm_head_weight, ids, mask, valid, Objective(8), anchors=anchors)
     # ... and under bf16 autocast, as on GPU
     with torch.autocast("cpu", dtype=torch.bfloat16):
         amp = drafter_loss(drafter, bf16.context(ids, valid.long()), bf16.embed_tokens,
-                           bf16.lm_head_weight, ids, mask, valid, 8, 7.0, anchors=anchors)
+                           bf16.lm_head_weight, ids, mask, valid, Objective(8), anchors=anchors)
     for out in (plain, amp):
         assert torch.isfinite(out.loss)
         assert abs(float(out.loss.detach()) - float(ref.loss.detach())) < 0.02 * float(ref.loss.detach())
@@ -54,8 +54,8 @@ def test_step_updates_with_bf16_autocast_on_cpu():
     drafter = _drafter(target)
     opt = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    step = TrainStep(target, drafter, opt, sched, num_anchors=8, gamma=7.0, grad_clip=1.0,
-                     autocast="bf16")
+    step = TrainStep(target, drafter, opt, sched, Objective(8),
+                     StepPolicy(grad_clip=1.0, autocast="bf16"))
     before = drafter.fc.weight.detach().clone()
     ids, mask, valid = _batch()
     m = step(DeviceBatch(None, ids, mask, valid))
@@ -71,7 +71,7 @@ def test_step_never_reads_back_to_the_host(monkeypatch):
     drafter.set_attention("sdpa")
     opt = torch.optim.AdamW(drafter.parameters(), lr=1e-3, foreach=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    step = TrainStep(target, drafter, opt, sched, num_anchors=8, gamma=7.0, grad_clip=1.0)
+    step = TrainStep(target, drafter, opt, sched, Objective(8), StepPolicy(grad_clip=1.0))
     ids, mask, valid = _batch()
     b = DeviceBatch(None, ids, mask, valid)
     ctx = step.context(b)

@@ -48,7 +48,7 @@ def test_plan_invariants(strategy, problem, epoch):
     tail = list(again.batches(start_step=step))
     assert len(tail) == len(plan) - step
     for got in tail:
-        want = plan[got.step]
+        want = plan[got.index]
         assert np.array_equal(got.sample_ids, want.sample_ids)
         assert got.shape == want.shape and got.bucket_id == want.bucket_id
 

@@ -16,7 +16,7 @@ import numpy as np
 @dataclass(frozen=True)
 class Batch:
     epoch: int
-    step: int
+    index: int  # position in its epoch plan (or in this rank's shard of it)
     sample_ids: np.ndarray  # int64
     bucket_id: int
     seq_len: int  # padded length: the longest sample (packed: the row length)

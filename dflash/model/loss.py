@@ -20,6 +20,17 @@ import torch
 from dflash.kernels import fused_lm_head_ce
 
 
+@dataclass(frozen=True)
+class Objective:
+    """What the drafter is trained to do, and how its loss is computed."""
+    num_anchors: int  # anchor slots per row (model.drafter.num_anchors; packed: per row)
+    gamma: float = 7.0  # block position k weighs exp(-(k-1)/gamma)
+    anchors_per_document: int = 0  # packed rows: each document's cap (0: none)
+    chunk: int = 0  # LM-head rows per chunk (0: from chunk_mb and the vocabulary)
+    chunk_mb: float = 256
+    impl: str = "auto"  # fused CE kernel: auto | torch | triton
+
+
 @dataclass
 class LossOutput:
     loss: torch.Tensor  # scalar, weighted mean CE
@@ -116,15 +127,14 @@ def block_embeddings(embed, ids, anchors, block_size, mask_token_id):
 
 
 def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, valid,
-                 num_anchors: int, gamma: float, generator=None, chunk: int = 0,
-                 impl: str = "auto", anchors=None, chunk_mb: float = 256,
-                 position_ids=None, anchors_per_document: int = 0) -> LossOutput:
+                 objective: Objective, generator=None, anchors=None,
+                 position_ids=None) -> LossOutput:
     """`anchors` (a pair from `sample_anchors`) may be given to reuse a draw."""
     spec = getattr(drafter, "module", drafter).spec  # through a DDP wrapper too
-    bs = spec.block_size
+    bs, ob = spec.block_size, objective
     if anchors is None:
-        anchors = sample_anchors(loss_mask, valid, num_anchors, generator, position_ids,
-                                 anchors_per_document)
+        anchors = sample_anchors(loss_mask, valid, ob.num_anchors, generator, position_ids,
+                                 ob.anchors_per_document)
     anchors, anchor_valid = anchors
     emb = block_embeddings(embed, ids, anchors, bs, spec.mask_token_id)
     hidden = drafter(target_ctx, valid, anchors, anchor_valid, emb,
@@ -132,11 +142,11 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     targets, sup = block_targets(ids, loss_mask, valid, anchors, anchor_valid, bs, position_ids)
     # Unsupervised rows stay in with weight 0: a fixed row count, no boolean indexing
     # (which would read the count back to the host every step).
-    w = position_weights(bs, gamma).to(hidden.device) * sup
+    w = position_weights(bs, ob.gamma).to(hidden.device) * sup
     targets = torch.where(sup, targets, torch.zeros_like(targets))
     loss, _, argmax = fused_lm_head_ce(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight,
-                                       targets.flatten(), w.flatten(), chunk=chunk, impl=impl,
-                                       chunk_mb=chunk_mb)
+                                       targets.flatten(), w.flatten(), chunk=ob.chunk, impl=ob.impl,
+                                       chunk_mb=ob.chunk_mb)
     correct = (argmax.view_as(sup) == targets) & sup
     acc = correct.sum((0, 1)) / sup.sum((0, 1)).clamp_min(1)
     streak = torch.cumprod(correct.long(), dim=2).sum(2)  # leading correct drafts per block

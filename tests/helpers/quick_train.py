@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from dflash.optim import warmup_cosine
-from dflash.step import DeviceBatch, TrainStep
+from dflash.model.loss import Objective
+from dflash.step import DeviceBatch, StepPolicy, TrainStep
 
 
 def fit_target_lm(target, sequences: torch.Tensor, steps: int, batch: int = 32,
@@ -63,9 +64,8 @@ def train_drafter(drafter, target, ids: torch.Tensor, loss_mask: torch.Tensor, s
     opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, steps, warmup_ratio))
     dev = next(drafter.parameters()).device
-    step = TrainStep(target, drafter, opt, sched, num_anchors=num_anchors, gamma=gamma,
-                     grad_clip=grad_clip, loss_impl=impl,
-                     generator=torch.Generator(device=dev).manual_seed(seed))
+    step = TrainStep(target, drafter, opt, sched, Objective(num_anchors, gamma, impl=impl),
+                     StepPolicy(grad_clip=grad_clip), generator=torch.Generator(device=dev).manual_seed(seed))
     rng = np.random.default_rng(seed)
     log = DraftTrainLog()
     for _ in range(steps):
