@@ -166,6 +166,9 @@ class ComparisonCallback(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep = Path(config.hydra.sweep.dir)
+        if not list(sweep.glob("*/summary.json")):  # a plan multirun: nothing trained
+            log.info("no training summaries in %s: no comparison written", sweep)
+            return
         rows = write_comparison(sweep)
         log.info("comparison of %d runs: %s", len(rows), sweep / "comparison.md")
         lg = config.get("logger", {})

@@ -269,16 +269,12 @@ class TrainConfig:
     resume: str = "never"
     seed: int = 0
     epochs: int = 1
-    report: Optional[str] = None
 
 
 @dataclass
-class PlanConfig:
-    data: DataConfig = field(default_factory=DataConfig)
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
-    buckets: BucketsConfig = field(default_factory=BucketsConfig)
-    topology: TopologyConfig = field(default_factory=TopologyConfig)
-    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+class PlanConfig(TrainConfig):
+    """The training run's schema plus the plan app's own keys: every training experiment
+    composes with `python -m dflash.plan` and reports the plan that run would train on."""
     anchors: int = 512  # anchor slots of the shape report (model.drafter.num_anchors)
     lengths_file: Optional[str] = None
     epochs: int = 2
@@ -312,10 +308,6 @@ class EvalAppConfig:
     drafter: Optional[str] = None  # a checkpoint dir in the public DFlash layout
     prompts: Optional[str] = None  # JSONL with "prompt_ids", or a dflash data set dir
     model: ModelConfig = field(default_factory=ModelConfig)
-    # the model group also sets its scale's batching, optim and warmup keys: accepted, unused
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    warmup: WarmupConfig = field(default_factory=WarmupConfig)
     num_prompts: int = -1  # -1: every prompt in the file
     max_new_tokens: int = 64
     temperature: float = 0.0
