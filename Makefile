@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test plan bench gpu-check clean
+.PHONY: train test test-fast lint-imports plan bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,13 @@ train: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest $(ARGS)
+
+# the pure unit tests (tests/unit, nothing marked slow): under a minute
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest tests/unit -m "not slow" $(ARGS)
+
+lint-imports: $(STAMP)
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_plan.py

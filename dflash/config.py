@@ -25,7 +25,7 @@ from dflash.topology import DEVICES
 from dflash.warmup.monitor import ON_COMPILE
 from dflash.warmup.run import COMPILE_MODES
 from dflash.warmup.shapes import POLICIES
-from dflash.options import choice, options  # noqa: F401  (choice: for older imports)
+from dflash.options import options
 
 
 Source = options("Source", SOURCES)

@@ -6,7 +6,6 @@ final drafter (public DFlash layout) into the Hydra run dir.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 

@@ -4,49 +4,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from dflash import config  # noqa: E402
 
 config.register()  # the apps do this at start; tests compose the same schemas
 
-REPO = Path(__file__).resolve().parents[1]
-# one small world for the whole session: its target is fitted once, then cached
-WORLD = ["data.num_samples=400", "data.target_fit_steps=350", "eval.num_prompts=6",
-         "eval.max_new_tokens=32"]
+
+def pytest_collection_modifyitems(config, items):
+    """Everything under tests/integration is `slow` (`make test-fast` leaves it out)."""
+    for item in items:
+        if f"{os.sep}integration{os.sep}" in str(item.fspath):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
 def world_cache(tmp_path_factory):
     """Shared data cache: the fitted world target, and the compile caches warmup uses."""
     return tmp_path_factory.mktemp("world-cache")
-
-
-def run_module(module, *args, check=True):
-    """`python -m module args...` in the repository, as a user would run it."""
-    import subprocess
-    import sys
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(proc.stdout + proc.stderr)
-    return proc
-
-
-def reference_pack(lengths, budget, cap):
-    """The packing rule of DESIGN.md, one sample at a time."""
-    offsets, count, cur = [0], 0, 0
-    for i, n in enumerate(lengths):
-        if count < cap and (count + 1) * max(cur, n) <= budget:
-            count, cur = count + 1, max(cur, n)
-        else:
-            offsets.append(i)
-            count, cur = 1, n
-    offsets.append(len(lengths))
-    return np.asarray(offsets, dtype=np.int64)
 
 
 @pytest.fixture(scope="session")

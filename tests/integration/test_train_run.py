@@ -3,10 +3,8 @@ import json
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-import dflash.config  # noqa: F401
-from conftest import REPO, WORLD, run_module
+from tests.helpers.run import build_trainer, WORLD, run_module
 from dflash.model.checkpoint import load_drafter
 
 SUMMARY_KEYS = {"steps", "samples_seen", "tokens_per_second", "padded_tokens_per_second",
@@ -20,10 +18,22 @@ def cache(world_cache):
     return world_cache
 
 
-def test_train_entry_point_end_to_end(tmp_path, cache):
-    run = tmp_path / "run"
-    run_module("dflash.train", *WORLD, f"data.cache_dir={cache}", "epochs=2",
+# ~250 steps: the drafter takes off after ~120 (retrieval is learned suddenly)
+TAKEOFF = ["data.num_samples=800", "epochs=5"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, world_cache):
+    """One run of the real entry point, long enough for the drafter to take off; the
+    entry-point test reads its files, the ablation test its drafter."""
+    run = tmp_path_factory.mktemp("entry") / "run"
+    run_module("dflash.train", *WORLD, f"data.cache_dir={world_cache}", *TAKEOFF,
                "logger.log_every=5", f"hydra.run.dir={run}")
+    return run
+
+
+def test_train_entry_point_end_to_end(trained_run):
+    run = trained_run
     summary = json.loads((run / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
     assert summary["strategy"] == "bucketed" and summary["steps"] > 20
@@ -31,9 +41,9 @@ def test_train_entry_point_end_to_end(tmp_path, cache):
     assert 0 < summary["padding_efficiency"] <= 1
     assert summary["tokens_per_second"] == pytest.approx(
         summary["padded_tokens_per_second"] * summary["padding_efficiency"], rel=1e-6)
-    assert summary["samples_seen"] == 2 * summary["data"]["num_samples"]
+    assert summary["samples_seen"] == summary["epochs"] * summary["data"]["num_samples"]
     # acceptance is measured (by real decoding) before and after; that training raises
-    # it is the ablation test's job, this run is too short for the drafter to take off
+    # it is the ablation test's job
     assert summary["acceptance_length"] >= 1 and summary["initial_acceptance_length"] >= 1
     assert summary["eval"]["after"]["verify_steps"] >= 6 * 32 / 16
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -48,20 +58,15 @@ def test_train_entry_point_end_to_end(tmp_path, cache):
 
 
 def _runner(cache, out, overrides):
-    from dflash.trainer import Trainer
-    with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
-        cfg = compose("train", [*WORLD, f"data.cache_dir={cache}", "logger.progress=false",
-                                *overrides])
-    return Trainer(cfg, out).build()
+    return build_trainer(cache, out, "logger.progress=false", *overrides)
 
 
-def test_drafter_beats_zeroed_context_and_ngram_lookup(tmp_path, cache):
+def test_drafter_beats_zeroed_context_and_ngram_lookup(tmp_path, cache, trained_run):
     """The world's replies are fixed by the prompt: only a drafter that reads the
     target's hidden states can draft them, and only it may score well."""
     from dflash.eval.ablation import context_ablation
-    # ~250 steps: the drafter takes off after ~120 (retrieval is learned suddenly)
-    runner = _runner(cache, tmp_path, ["data.num_samples=800", "epochs=5"])
-    runner.run()
+    runner = _runner(cache, tmp_path, TAKEOFF)  # the run's data, target and prompts
+    runner.drafter.load_state_dict(load_drafter(trained_run / "drafter").state_dict())
     scores = context_ablation(runner)
     assert scores["trained"] > scores["zero_context"] + 1.0, scores
     assert scores["trained"] > scores["ngram3"] + 1.0, scores
@@ -71,7 +76,7 @@ def test_runner_is_deterministic_for_a_seed(tmp_path, cache):
     runs = []
     for i in range(2):
         r = _runner(cache, tmp_path / str(i), ["epochs=1", "optim.max_steps=4",
-                                                "eval.enabled=false"])
+                                                "eval.enabled=false", "warmup=none"])
         r.run()
         runs.append(r.drafter.state_dict())
     for k in runs[0]:

@@ -4,7 +4,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dflash.config import DrafterConfig, TargetConfig
-from dflash.eval.decode import DrafterProposer, NgramProposer, _accept, speculative_decode
+from dflash.eval.decode import DrafterProposer, speculative_decode
 from tests.helpers.decoding import target_greedy
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.target import Target
@@ -45,41 +45,10 @@ def test_batched_decoding_equals_target_greedy_and_feeds_only_new_tokens(target)
     assert sum(res.histogram) == sum(len(a) for a in res.accept_lengths)
 
 
-def test_stops_at_eos_and_clamps_the_last_step(target):
-    p = _prompts(1)[0]
-    ref = target_greedy(target, p, 12)
-    eos = ref[5]
-    first = ref.index(eos)
-    ngram = NgramProposer([p + ref], order=2)  # drafts the target's own continuation
-    res = speculative_decode(target, ngram, [p], 12, eos_token_id=eos)
-    assert res.tokens[0] == ref[:first + 1]
-    res = speculative_decode(target, ngram, [p], 7)
-    assert res.tokens[0] == ref[:7] and sum(res.accept_lengths[0]) == 7
-
-
-def test_rejection_rule():
-    g = torch.Generator().manual_seed(0)
-    v = 6
-    p = torch.softmax(torch.randn(1, 4, v, generator=g), -1)
-    logits = torch.log(p)
-    drafts = torch.tensor([[1, 2, 3]])
-    # q == p: every draft is accepted (u <= 1), the bonus comes from the last position
-    n, _ = _accept(logits, drafts, p[:, :3].clone(), 1.0, g)
-    assert int(n) == 3
-    # a draft the target gives probability 0 is always rejected and never resampled
-    p0 = p.clone()
-    p0[0, 0, 1] = 0
-    p0 = p0 / p0.sum(-1, keepdim=True)
-    q = torch.full((1, 3, v), 1.0 / v)
-    for _ in range(20):
-        n, nxt = _accept(torch.log(p0.clamp_min(1e-30)), drafts, q, 1.0, g)
-        assert int(n) == 0 and int(nxt) != 1
-
-
 def test_eval_app_measures_a_checkpoint_and_refuses_a_mismatch(tmp_path, target):
     import json
 
-    from conftest import run_module
+    from tests.helpers.run import run_module
     from dflash.model.checkpoint import save_drafter
 
     target.lm.save_pretrained(tmp_path / "target")

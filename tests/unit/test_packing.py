@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from dflash.batching.greedy import pack, segment_ends
-from conftest import reference_pack
+from tests.helpers.packing import reference_pack
 
 
 @settings(max_examples=200, deadline=None)

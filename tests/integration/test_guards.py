@@ -1,21 +1,15 @@
 """NaN/inf guards: stop naming the step and samples, or skip the update and count it."""
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-import dflash.config  # noqa: F401
-from conftest import REPO, WORLD
+from tests.helpers.run import build_trainer, QUIET
 from dflash.errors import DataError
 from dflash.loggers import Logger
 
 
 def _poisoned(cache, out, overrides, bad_calls):
-    from dflash.trainer import Trainer
-    with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
-        cfg = compose("train", [*WORLD, f"data.cache_dir={cache}", "logger.progress=false",
-                                "eval.enabled=false", "pipeline.depth=0", "warmup=none",
-                                "epochs=1", "optim.max_steps=8", "logger.log_every=4", *overrides])
-    r = Trainer(cfg, out).build()
+    r = build_trainer(cache, out, *QUIET, "pipeline.depth=0", "warmup=none", "epochs=1",
+                      "optim.max_steps=8", "logger.log_every=4", *overrides)
     real, calls = r.train_step.context, []
 
     def context(b):  # the target's context of some batches turns NaN

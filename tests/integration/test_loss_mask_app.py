@@ -3,11 +3,9 @@ token closing each turn, for byte-level BPE + ChatML, SentencePiece-style + Llam
 Qwen3-style template that strips past reasoning."""
 import json
 
-import numpy as np
 import pytest
 
 from dflash.data.prepare import prepare
-from dflash.errors import DataError
 
 CORPUS = ["Is it 4? Yes. The answer is 4.", "I am a helpful assistant. OK.", "Hello world B or C?",
           "think step by step: two plus two is four", "user assistant system [INST] [/INST]",
@@ -81,8 +79,6 @@ def tokenizer(request, tmp_path_factory):
     return request.param, path, AutoTokenizer.from_pretrained(str(path)), eot
 
 
-# short replies that also occur in the system and user text, replies with trailing
-# whitespace, and reasoning in past and final turns
 CONVERSATIONS = [
     [{"role": "user", "content": "Is it 4? Yes."}, {"role": "assistant", "content": "Yes."}],
     [{"role": "system", "content": "Say 4 or B. OK."}, {"role": "user", "content": "Is it 4?"},
@@ -97,58 +93,13 @@ CONVERSATIONS = [
 ]
 
 
-def _expected_runs(name, conv, eot):
-    """What serving generates for each assistant turn, whitespace aside."""
-    last_user = max(i for i, m in enumerate(conv) if m["role"] == "user")
-    runs = []
-    for i, m in enumerate(conv):
-        if m["role"] != "assistant":
-            continue
-        content = m["content"]
-        reasoning = m.get("reasoning_content", "")
-        if "</think>" in content:
-            reasoning, content = content.split("</think>")
-            reasoning = reasoning.replace("<think>", "")
-        if name.startswith("qwen3"):
-            think = f"<think>{reasoning}</think>" if i > last_user else ""  # may be empty
-        else:  # the other templates render content as given (reasoning tags included)
-            think = m["content"].split("</think>")[0] + "</think>" if "</think>" in m["content"] else ""
-        runs.append("".join((think + content + eot).split()))
-    return runs
-
-
-def _runs(mask):
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
-    return list(zip(edges[::2], edges[1::2]))
-
-
-def test_mask_covers_exactly_the_assistant_tokens_and_end_of_turn(tmp_path, tokenizer):
-    name, path, tok, eot = tokenizer
-    f = tmp_path / "c.jsonl"
-    f.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CONVERSATIONS))
-    ds, summary = prepare(f, path, tmp_path / "out", bad_lines="error")
-    assert summary["samples"] == len(CONVERSATIONS) and summary["skipped_lines"] == 0
-    for k, conv in enumerate(CONVERSATIONS):
-        ids, mask = ds.sample(k)
-        runs = _runs(mask)
-        got = ["".join(tok.decode(ids[a:b].tolist()).split()) for a, b in runs]
-        assert got == _expected_runs(name, conv, eot), (name, k)
-        # each run begins right where the model starts generating that turn
-        turns = [j for j, m in enumerate(conv) if m["role"] == "assistant"]
-        for (a, _), j in zip(runs, turns):
-            head = tok.apply_chat_template(conv[:j], tokenize=False,
-                                           add_generation_prompt=not name.startswith("llama"))
-            before = tok.decode(ids[:a].tolist())
-            assert "".join(before.split()) == "".join(head.split()), (name, k, j)
-
-
 def _chat_line(user, reply):
     return json.dumps({"messages": [{"role": "user", "content": user},
                                     {"role": "assistant", "content": reply}]}).encode() + b"\n"
 
 
 def test_bad_lines_are_skipped_and_reported_with_file_and_line(tmp_path, chat_tokenizer):
-    from conftest import run_module
+    from tests.helpers.run import run_module
     f = tmp_path / "c.jsonl"
     latin1 = b'{"messages": [{"role": "user", "content": "w\xff1"}]}\n'
     f.write_bytes(_chat_line("w1", "w2") + latin1 + b"{oops\n" + _chat_line("w1", "")
@@ -164,29 +115,3 @@ def test_bad_lines_are_skipped_and_reported_with_file_and_line(tmp_path, chat_to
                    "--out", str(tmp_path / "e"), "--bad-lines", "error", check=False)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert f"dflash: error: {f}:2: not valid UTF-8" in p.stderr
-
-
-def test_truncation_that_removes_every_supervised_token_is_counted(tmp_path, chat_tokenizer):
-    f = tmp_path / "c.jsonl"
-    f.write_bytes(_chat_line(" ".join(["w1"] * 30), "w2 w3") + _chat_line("w1", "w2"))
-    ds, s = prepare(f, chat_tokenizer, tmp_path / "out", max_seq_len=20, overlong="truncate")
-    assert len(ds) == 1 and s["overlong_samples"] == 1 and s["dropped_unsupervised"] == 1
-    # the whole dropped sample is removed: 30 prompt words, 2 reply words, 6 template tokens
-    assert s["tokens_removed"] == 30 + 2 + 6
-    assert s["tokens"] == int(ds.lengths.sum())
-
-
-def test_a_reply_the_template_never_renders_is_a_named_error(tmp_path, chat_tokenizer):
-    import shutil
-    from transformers import AutoTokenizer
-    odd = tmp_path / "odd"
-    shutil.copytree(chat_tokenizer, odd)
-    tok = AutoTokenizer.from_pretrained(str(odd))
-    tok.chat_template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} "
-                         "{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %} <|im_end|> "
-                         "{% endfor %}")
-    tok.save_pretrained(odd)
-    f = tmp_path / "c.jsonl"
-    f.write_bytes(_chat_line("w1", "w2"))
-    with pytest.raises(DataError, match=r"c.jsonl:1: assistant message 1 does not appear"):
-        prepare(f, odd, tmp_path / "out", bad_lines="error")

@@ -1,17 +1,16 @@
 """The closed shape set, the warm run and the compile monitor."""
-import json
 
 import numpy as np
 import pytest
-import torch
-from hydra import compose, initialize_config_dir
 
-import dflash.config  # noqa: F401
-from conftest import REPO, WORLD, run_module
+from tests.helpers.run import WORLD
 from dflash.batching.epoch_plan import EpochPlan
 from dflash.errors import DataError
 from dflash.warmup.shapes import PlanShapes, Rounding, ShapePlan, select
 
+
+COMPILED = [*WORLD, "eval.enabled=false", "epochs=1", "logger.progress=false",
+            "model.compile=static", "warmup.pad_to_multiple=256", "warmup.batch_sizes=[16]"]
 
 def _plan(batches, bucket):
     """An EpochPlan from explicit batches of lengths, with the given bucket per batch."""
@@ -90,83 +89,3 @@ def test_policies_on_a_real_plan(full_lengths):
         e["steps"] for e in rep["epochs"])
     with pytest.raises(DataError, match="warmup.policy must be one of"):
         select("observed", shapes)
-
-
-def test_padding_rows_carry_nothing(world_cache):
-    from dflash.trainer import Trainer
-    from dflash.warmup.shapes import Shape
-    from tests.helpers.batches import collate
-    with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
-        cfg = compose("train", [*WORLD, f"data.cache_dir={world_cache}", "logger.progress=false"])
-    r = Trainer(cfg, "/tmp/unused").build()
-    batch = r.shard(0)[0]
-    shape = Shape(batch.batch_size + 3, batch.seq_len + 5, 32)
-    b = collate(r.dataset, batch, torch.device("cpu"), shape)
-    assert tuple(b.ids.shape) == (shape.batch_size, shape.seq_len)
-    assert not b.valid[batch.batch_size:].any() and not b.loss_mask[batch.batch_size:].any()
-    natural = collate(r.dataset, batch, torch.device("cpu"))
-    assert torch.equal(b.ids[:batch.batch_size, :batch.seq_len], natural.ids)
-    ctx = r.train_step.context(b)
-    assert torch.isfinite(ctx).all()  # an all-padding row keeps the target's softmax defined
-    # the real rows' context does not depend on the padding around them
-    torch.testing.assert_close(ctx[:batch.batch_size, :batch.seq_len], r.train_step.context(natural))
-
-
-def _params(runner):
-    return {k: v.detach().clone() for k, v in runner.drafter.state_dict().items()}
-
-
-def test_warmup_does_not_change_training(tmp_path, world_cache):
-    from dflash.trainer import Trainer
-    from dflash.loggers import Logger
-    outs = []
-    for policy in ("all", "none"):
-        with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
-            cfg = compose("train", [*WORLD, f"data.cache_dir={world_cache}", "logger.progress=false",
-                                    f"warmup={policy}", "epochs=1", "optim.max_steps=6"])
-        r = Trainer(cfg, tmp_path / policy).build()
-        summary = r.train(Logger())
-        outs.append((summary, _params(r)))
-    (warm, pw), (cold, pc) = outs
-    assert len(warm["warmup"]["per_shape"]) == warm["warmup"]["num_warm_shapes"] > 0
-    assert warm["warmup_shapes"] and cold["warmup_shapes"] == []
-    assert all(torch.equal(pw[k], pc[k]) for k in pw)
-
-
-# Two shapes (lengths up to 512, rows to 16) keep inductor's CPU compiles to ~1 minute
-COMPILED = [*WORLD, "eval.enabled=false", "epochs=1", "logger.progress=false",
-            "model.compile=static", "warmup.pad_to_multiple=256", "warmup.batch_sizes=[16]"]
-
-
-def test_static_compile_after_warmup_compiles_nothing(tmp_path, world_cache):
-    runs = {}
-    for policy in ("all", "none"):  # `none` second: it reads the compile cache `all` filled
-        run = tmp_path / policy
-        run_module("dflash.train", *COMPILED, f"warmup={policy}", f"data.cache_dir={world_cache}",
-                   f"hydra.run.dir={run}")
-        runs[policy] = json.loads((run / "summary.json").read_text())
-    warm, cold = runs["all"], runs["none"]
-    shapes = {tuple(s) for s in warm["warmup_shapes"]}
-    assert len(shapes) >= 2 and warm["compiles_after_warmup"] == 0 and warm["compile_events"] == []
-    assert warm["warmup"]["steps_covered"] == 1.0
-    # without warmup every shape compiles mid-training, and the monitor names each one
-    assert cold["compiles_after_warmup"] > 0
-    named = {tuple(e["shape"]) for e in cold["compile_events"]}
-    assert named == shapes
-    assert all(e["dynamo_graphs"] >= 1 and e["step"] >= 1 for e in cold["compile_events"])
-
-
-def test_on_compile_stop_names_the_shape(tmp_path, world_cache):
-    proc = run_module("dflash.train", *COMPILED, "warmup=none", "warmup.on_compile=stop",
-                      f"data.cache_dir={world_cache}", f"hydra.run.dir={tmp_path}", check=False)
-    assert proc.returncode != 0
-    assert "warmup.on_compile=stop" in proc.stderr and "shape [batch 16, length" in proc.stderr
-
-
-def test_compile_refuses_the_eager_only_chunked_attention(tmp_path, world_cache):
-    """The chunked mask's key windows are data-dependent: compiled, every batch would
-    recompile. Asking for both fails at start; `auto` under compile takes the dense mask."""
-    proc = run_module("dflash.train", *COMPILED, "model.attention=chunked", "warmup=none",
-                      f"data.cache_dir={world_cache}", f"hydra.run.dir={tmp_path}", check=False)
-    assert proc.returncode != 0
-    assert "model.attention=chunked" in proc.stderr and "eager only" in proc.stderr

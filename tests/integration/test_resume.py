@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO, WORLD
+from tests.helpers.paths import REPO
+from tests.helpers.run import WORLD
 from dflash import resume as state
 from dflash.errors import DataError
 

@@ -7,19 +7,16 @@ import threading
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-import dflash.config  # noqa: F401
-from conftest import REPO, WORLD
+from dflash.config import compose
+from tests.helpers.paths import REPO
+from tests.helpers.run import build_trainer, QUIET, WORLD
+from dflash.errors import TopologyError
 from dflash.loggers import Logger
 
 
 def _runner(cache, out, overrides):
-    from dflash.trainer import Trainer
-    with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
-        cfg = compose("train", [*WORLD, f"data.cache_dir={cache}", "logger.progress=false",
-                                "eval.enabled=false", *overrides])
-    return Trainer(cfg, out).build()
+    return build_trainer(cache, out, *QUIET, *overrides)
 
 
 def _pipeline_threads():
@@ -145,9 +142,7 @@ def test_two_gloo_ranks_through_torchrun(tmp_path, world_cache):
 
 
 def test_wrong_process_count_is_refused(world_cache):
-    from dflash.errors import DataError
     from dflash.topology import build_topology
-    with initialize_config_dir(config_dir=str(REPO / "dflash" / "conf"), version_base="1.3"):
-        cfg = compose("train", ["topology=8gpu"])
-    with pytest.raises(DataError, match="dp_size=4 data-parallel processes but 1 were started"):
+    cfg = compose("train", ["topology=8gpu"])
+    with pytest.raises(TopologyError, match="dp_size=4 data-parallel processes but 1 were started"):
         build_topology(cfg.topology)

@@ -1,0 +1,40 @@
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dflash.config import DrafterConfig, TargetConfig
+from tests.helpers.decoding import speculative_generate, target_greedy
+from dflash.model.drafter import DFlashDrafter, DrafterSpec
+from dflash.model.target import Target
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target.from_config(OmegaConf.structured(TargetConfig))
+
+
+def _drafter(target, layers=1, seed=0):
+    torch.manual_seed(seed)
+    return DFlashDrafter(DrafterSpec.from_target(
+        target, OmegaConf.structured(DrafterConfig(num_layers=layers))))
+
+
+def test_speculative_decoding_is_lossless(target):
+    untrained = _drafter(target).eval()
+    # a drafter that proposes the target's greedy tokens well is emulated by training a
+    # little on the target's own greedy output
+    from tests.helpers.quick_train import greedy_continuations, train_drafter
+    prompts = torch.randint(3, 500, (24, 8), generator=torch.Generator().manual_seed(3))
+    seqs = greedy_continuations(target, prompts, 40)
+    mask = torch.zeros_like(seqs, dtype=torch.bool)
+    mask[:, 8:] = True
+    trained = _drafter(target, seed=1)
+    train_drafter(trained, target, seqs, mask, steps=60, batch=8, lr=5e-3)
+    for drafter in (untrained, trained):
+        for p in prompts[:3]:
+            res = speculative_generate(target, drafter, p, 30)
+            assert res.tokens == target_greedy(target, p, 30)
+            assert all(1 <= n <= 16 for n in res.accept_lengths)
+    trained_len = speculative_generate(target, trained, prompts[0], 30).acceptance_length
+    assert trained_len > speculative_generate(target, untrained, prompts[0], 30).acceptance_length

@@ -1,0 +1,69 @@
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from dflash.config import compose
+from tests.helpers.paths import CONF, REPO
+from tests.helpers.run import run_module
+
+GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml"))
+          for g in ("data", "model", "batching", "buckets", "warmup", "topology", "logger")}
+
+
+_run = run_module
+
+def _compose(name, overrides=()):
+    return compose(name, overrides)
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_every_group_option_composes(group):
+    for option in GROUPS[group]:
+        cfg = _compose("train", [f"{group}={option}"])
+        assert OmegaConf.is_missing(cfg[group], "path") or cfg[group] is not None
+
+
+def test_defaults_and_experiment():
+    cfg = _compose("plan", ["experiment=compare_batching"])
+    assert cfg.data.num_samples == 902087 and cfg.batching.token_budget == 49152
+    assert cfg.batching.max_batch_size == 64
+    assert list(_compose("plan").buckets.boundaries) == [0, 770, 1216, 1728, 2432, 3296, 8192]
+
+
+@pytest.mark.parametrize("override,match", [
+    ("batching.tokn_budget=10", "tokn_budget"),
+    ("batching.token_budget=lots", "token_budget"),
+    ("data.num_sampels=3", "num_sampels"),
+    ("buckets=seed7", "seed7"),
+    ("batching.strategy=sortd", "expected one of \\[sorted, random, bucketed, megabatch, packed\\]"),
+    ("data.overlong=cut", "data.overlong"),
+])
+def test_bad_overrides_name_the_key(override, match):
+    import re
+    with pytest.raises(ConfigCompositionException) as info:
+        _compose("plan", [override])
+    text = f"{info.value} {info.value.__cause__}"  # Hydra chains the validation error
+    assert re.search(match, text), text
+
+
+def test_misspelled_key_in_a_preset_file(tmp_path):
+    (tmp_path / "buckets").mkdir()
+    (tmp_path / "buckets" / "typo.yaml").write_text("name: typo\nkind: fixed\nboundary: [0, 10]\n")
+    with pytest.raises(ConfigCompositionException, match="boundary"):
+        _compose("plan", [f"hydra.searchpath=[file://{tmp_path}]", "buckets=typo"])
+
+
+@pytest.mark.parametrize("exp", ["compare_shuffles", "production", "cpu_smoke"])
+def test_train_experiments_compose(exp):
+    cfg = _compose("train", [f"experiment={exp}"])
+    assert cfg.model.drafter.num_anchors > 0
+    if exp == "compare_shuffles":
+        assert cfg.optim.max_tokens > 0 and cfg.logger.name == "wandb"
+        import yaml
+        doc = yaml.safe_load((REPO / "dflash" / "conf" / "experiment" / "compare_shuffles.yaml").read_text())
+        assert doc["hydra"]["sweeper"]["params"]["shuffle"].split(",") == [
+            "sorted", "random", "bucketed_quantile", "bucketed_geometric", "megabatch", "packed"]
+        for s in doc["hydra"]["sweeper"]["params"]["shuffle"].split(","):
+            _compose("train", [f"experiment={exp}", f"shuffle={s}"])
+        assert cfg.logger.mode in ("offline", "disabled")  # no account needed

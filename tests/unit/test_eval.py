@@ -1,0 +1,51 @@
+"""Speculative decoding: batched, KV-cached, lossless, and the rejection rule."""
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dflash.config import TargetConfig
+from dflash.eval.decode import NgramProposer, _accept, speculative_decode
+from tests.helpers.decoding import target_greedy
+from dflash.model.target import Target
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target.from_config(OmegaConf.structured(TargetConfig()))
+
+
+def _prompts(n=5):
+    g = torch.Generator().manual_seed(4)
+    return [torch.randint(3, 500, (int(k),), generator=g).tolist() for k in
+            torch.randint(3, 20, (n,), generator=g)]
+
+
+def test_stops_at_eos_and_clamps_the_last_step(target):
+    p = _prompts(1)[0]
+    ref = target_greedy(target, p, 12)
+    eos = ref[5]
+    first = ref.index(eos)
+    ngram = NgramProposer([p + ref], order=2)  # drafts the target's own continuation
+    res = speculative_decode(target, ngram, [p], 12, eos_token_id=eos)
+    assert res.tokens[0] == ref[:first + 1]
+    res = speculative_decode(target, ngram, [p], 7)
+    assert res.tokens[0] == ref[:7] and sum(res.accept_lengths[0]) == 7
+
+
+def test_rejection_rule():
+    g = torch.Generator().manual_seed(0)
+    v = 6
+    p = torch.softmax(torch.randn(1, 4, v, generator=g), -1)
+    logits = torch.log(p)
+    drafts = torch.tensor([[1, 2, 3]])
+    # q == p: every draft is accepted (u <= 1), the bonus comes from the last position
+    n, _ = _accept(logits, drafts, p[:, :3].clone(), 1.0, g)
+    assert int(n) == 3
+    # a draft the target gives probability 0 is always rejected and never resampled
+    p0 = p.clone()
+    p0[0, 0, 1] = 0
+    p0 = p0 / p0.sum(-1, keepdim=True)
+    q = torch.full((1, 3, v), 1.0 / v)
+    for _ in range(20):
+        n, nxt = _accept(torch.log(p0.clamp_min(1e-30)), drafts, q, 1.0, g)
+        assert int(n) == 0 and int(nxt) != 1
