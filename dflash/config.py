@@ -20,6 +20,7 @@ from dflash.data.build import SOURCES
 from dflash.data.overlong import POLICIES as OVERLONG
 from dflash.kernels.lm_head_loss import LOSS_IMPLS
 from dflash.model.drafter import ATTENTION_BACKENDS
+from dflash.model.loss import LOSS_NORMS
 from dflash.step import AUTOCAST, NONFINITE
 from dflash.topology import DEVICES
 from dflash.warmup.monitor import ON_COMPILE
@@ -42,6 +43,7 @@ NonFinite = options("NonFinite", NONFINITE)
 Device = options("Device", DEVICES)
 LoggerMode = options("LoggerMode", ("online", "offline", "disabled"))
 Autocast = options("Autocast", AUTOCAST)
+LossNorm = options("LossNorm", LOSS_NORMS)
 
 
 @dataclass
@@ -224,6 +226,11 @@ class OptimConfig:
     # sync; names the step and samples) or skip the update (one host check per step)
     nonfinite: NonFinite = NonFinite.stop
     max_skips: int = 10  # skip: stop once more steps than this were skipped
+    # plan: every supervised (block position, token) counts the same whatever batch or
+    # rank it lands in (weighted sum / the plan's mean weight per batch, known before
+    # step 1); batch: the weighted mean of each batch (a block weighs 1 / its batch's
+    # weight, so each strategy re-weights the data its own way). See README.
+    loss_norm: LossNorm = LossNorm.plan
 
 
 @dataclass
@@ -252,6 +259,13 @@ class CheckpointConfig:
 
 
 @dataclass
+class CompareConfig:
+    # the acceptance length whose wall time (and steps) each strategy of a comparison
+    # sweep is judged on; None: the lowest final acceptance of any job (all reach it)
+    target_acceptance: Optional[float] = None
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -264,6 +278,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
     # auto: the newest valid checkpoint in the run dir (fresh start if none); never;
     # or a checkpoint dir / checkpoints dir
     resume: str = "never"

@@ -129,7 +129,7 @@ class TrainStep:
         else:
             self.optimizer.step()
         self.scheduler.step()  # the schedule follows steps taken, skipped or not
-        return {"loss": out.loss.detach().float(), "accept_est": out.accept_len.float(),
+        return {"loss": out.ce.float(), "accept_est": out.accept_len.float(),
                 "acc": out.acc.float(), "grad_norm": grad_norm.detach().float(), "lr": lr,
                 "rows": out.rows, "skipped": skipped}
 

@@ -17,6 +17,7 @@ decoding on prompts training never saw, beside the untrained drafter's figure.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -148,10 +149,16 @@ class Trainer:
 
     def objective(self) -> Objective:
         m = self.cfg.model
-        return Objective(num_anchors=self.num_anchors, gamma=float(m.drafter.gamma),
-                         anchors_per_document=int(m.drafter.num_anchors),
-                         chunk=int(m.loss_chunk), chunk_mb=float(m.loss_chunk_mb),
-                         impl=choice(m.loss_impl))
+        ob = Objective(num_anchors=self.num_anchors, gamma=float(m.drafter.gamma),
+                       anchors_per_document=int(m.drafter.num_anchors),
+                       chunk=int(m.loss_chunk), chunk_mb=float(m.loss_chunk_mb),
+                       impl=choice(m.loss_impl))
+        if choice(self.cfg.optim.loss_norm) != "plan":
+            return ob
+        # the constant every batch's weighted sum is divided by: the same on every rank
+        weight = ob.expected_batch_weight(self.dataset.anchor_candidates(),
+                                          self.planner.epoch(0), self.drafter.spec.block_size)
+        return dataclasses.replace(ob, norm="plan", batch_weight=weight)
 
     def step_policy(self) -> StepPolicy:
         o = self.cfg.optim
@@ -377,6 +384,8 @@ class Trainer:
                 "warmup_shapes": [w.as_list() for w in self.shapes.warm],
                 **monitor.report(), "warmup": {**self.shapes.report(), **warmed},
                 "strategy": self.planner.strategy, "buckets": self.boundaries.tolist(),
+                "seed": int(self.cfg.seed), "loss_norm": self.train_step.objective.norm,
+                "loss_batch_weight": self.train_step.objective.batch_weight,
                 "train_seconds": seconds, "epochs": int(self.cfg.epochs),
                 "eval_curve": progress.eval_curve,
                 "eval_seconds_during_training": meter.excluded,

@@ -47,6 +47,22 @@ class TokenDataset:
         lo, hi = self.offsets[i], self.offsets[i + 1]
         return self.tokens[lo:hi], self.loss_mask[lo:hi]
 
+    def anchor_candidates(self, chunk: int = 1 << 24) -> np.ndarray:
+        """Per sample (int64): positions a with loss_mask[a] and loss_mask[a+1] inside the
+        sample, where a block may be anchored. One streaming pass over the mask."""
+        out = np.zeros(len(self), dtype=np.int64)
+        n_tok = int(self.offsets[-1])
+        for lo in range(0, n_tok, chunk):
+            hi = min(n_tok, lo + chunk + 1)
+            m = np.asarray(self.loss_mask[lo:hi], dtype=bool)
+            pair = m[:-1] & m[1:]  # pair[j]: positions lo+j and lo+j+1
+            pos = np.flatnonzero(pair) + lo
+            # a pair that straddles two samples is not a candidate
+            sample = np.searchsorted(self.offsets, pos, side="right") - 1
+            inside = pos + 1 < self.offsets[sample + 1]
+            out += np.bincount(sample[inside], minlength=len(self)).astype(np.int64)
+        return out
+
     def collate(self, sample_ids, seq_len: int, pad_id: int = 0):
         """Right-padded [B, seq_len] token ids, loss mask and validity mask (numpy)."""
         b = len(sample_ids)

@@ -51,6 +51,9 @@ class EvalResult:
 
     def as_dict(self) -> dict:
         return {"acceptance_length": self.acceptance_length, "per_prompt": self.per_prompt,
+                # verify steps per prompt: with per_prompt, the pooled mean of any resample
+                # of the prompts (the comparison's bootstrap of the eval's own noise)
+                "per_prompt_steps": [len(r) for r in self.accept_lengths],
                 "histogram": self.histogram,
                 "verify_steps": int(sum(len(r) for r in self.accept_lengths)),
                 "generated_tokens": int(sum(len(t) for t in self.tokens))}

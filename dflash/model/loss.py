@@ -7,6 +7,14 @@ token a+k with weight exp(-(k-1)/gamma) (a draft is accepted up to its first mis
 early positions matter most); the loss is the weighted mean cross-entropy through the
 fused LM-head kernel.
 
+Normalisation (`optim.loss_norm`). `batch`: the weighted mean over the batch, so a
+block's weight is 1 / (the weight of its batch) and depends on which samples a batching
+strategy put together (and, under DDP, on what the other ranks drew). `plan`: the
+weighted sum divided by a constant known before step 1 (the plan's mean supervised
+weight per batch), so every supervised (block position, token) counts the same whatever
+batch or rank it lands in; DDP's mean over ranks then makes a step the sum over all
+ranks' blocks divided by the expected weight of a whole step.
+
 Every shape here is fixed by (batch size, padded length, num_anchors) and nothing reads
 a value back to the host: the step runs without synchronising, and its metrics stay on
 the device until the runner gathers them every `logger.log_every` steps.
@@ -29,15 +37,42 @@ class Objective:
     chunk: int = 0  # LM-head rows per chunk (0: from chunk_mb and the vocabulary)
     chunk_mb: float = 256
     impl: str = "auto"  # fused CE kernel: auto | torch | triton
+    norm: str = "batch"  # batch: weighted mean of the batch | plan: sum / batch_weight
+    batch_weight: float = 1.0  # plan: the plan's mean supervised weight per batch
+
+    def __post_init__(self):
+        if self.norm not in LOSS_NORMS:
+            raise ValueError(f"optim.loss_norm must be one of {LOSS_NORMS}, got {self.norm!r}")
+        if self.norm == "plan" and not self.batch_weight > 0:
+            raise ValueError(f"loss_norm=plan needs a positive batch_weight, got {self.batch_weight}")
+
+    def block_weight(self, block_size: int) -> float:
+        """The loss weight of one fully supervised block."""
+        return float(position_weights(block_size, self.gamma).sum())
+
+    def expected_batch_weight(self, candidates, plan, block_size: int) -> float:
+        """The mean supervised weight of a batch of `plan`: each sample contributes
+        min(anchor slots, its anchor candidates) full blocks (a block cut by the end of
+        its reply weighs less: a constant factor, the same for every batch)."""
+        import numpy as np
+        cap = self.anchors_per_document if plan.rows is not None and self.anchors_per_document \
+            else self.num_anchors
+        per_sample = np.minimum(np.asarray(candidates, dtype=np.int64), int(cap))
+        blocks = int(per_sample[plan.indices].sum())
+        return max(1.0, blocks * self.block_weight(block_size) / max(1, plan.num_batches))
+
+
+LOSS_NORMS = ("batch", "plan")
 
 
 @dataclass
 class LossOutput:
-    loss: torch.Tensor  # scalar, weighted mean CE
+    loss: torch.Tensor  # scalar: what is minimised (see Objective.norm)
     acc: torch.Tensor  # [bs-1] top-1 accuracy of block positions 1..bs-1 (device)
     accept_len: torch.Tensor  # scalar: teacher-forced 1 + mean leading correct predictions
     rows: torch.Tensor  # scalar int64: supervised (block position, target) pairs
     blocks: torch.Tensor  # scalar int64: valid anchors
+    ce: torch.Tensor | None = None  # scalar: weighted mean CE of the batch (what is logged)
 
 
 def position_weights(block_size: int, gamma: float) -> torch.Tensor:
@@ -153,5 +188,9 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     blocks = anchor_valid.sum()
     accept = 1.0 + (streak * anchor_valid).sum() / blocks.clamp_min(1)
     # a batch without a single supervised row still yields a differentiable zero
-    loss = torch.where(sup.any(), loss, hidden.sum() * 0.0)
-    return LossOutput(loss, acc.detach(), accept.detach(), sup.sum(), blocks)
+    ce = torch.where(sup.any(), loss, hidden.sum() * 0.0)
+    if ob.norm == "plan":  # the weighted sum over a constant: every block weighs the same
+        loss = ce * (w.sum() / ob.batch_weight)
+    else:
+        loss = ce
+    return LossOutput(loss, acc.detach(), accept.detach(), sup.sum(), blocks, ce.detach())

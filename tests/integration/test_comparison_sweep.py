@@ -1,3 +1,4 @@
+from dflash.config import safe_dirname
 """`--multirun` comparison of shuffle strategies, W&B offline runs, sweep dir names."""
 import json
 
@@ -51,3 +52,19 @@ def test_plan_multirun_keeps_one_entry_per_setting(tmp_path):
     assert len(json.loads(report.read_text())) == 8
     readme = (REPO / "README.md").read_text()
     assert "python -m dflash.plan --multirun experiment=compare_batching report=cmp.json" in readme
+
+
+def test_sweep_dir_names_are_short_and_flat(tmp_path):
+    long = "buckets.boundaries=[" + ",".join(str(16 * i) for i in range(1, 56)) + "]"
+    name = safe_dirname(long)
+    assert len(name) <= 80 and "/" not in name
+    assert safe_dirname(long) == name and safe_dirname(long + "x") != name
+    assert "/" not in safe_dirname("data.path=/data/chats,model.target.path=/m/q")
+    # the real multirun with a 55-value list and a path override
+    sweep = tmp_path / "sweep"
+    bounds = "[" + ",".join([str(16 + 64 * i) for i in range(54)] + ["8193"]) + "]"  # 55 values
+    run_module("dflash.plan", "-m", f"buckets.boundaries={bounds}", "buckets.kind=fixed",
+               f"report={tmp_path / 'r.json'}", "data.num_samples=3000", f"hydra.sweep.dir={sweep}",
+               "epochs=1")
+    jobs = [p for p in sweep.iterdir() if p.is_dir()]
+    assert len(jobs) == 1 and len(jobs[0].name) <= 90

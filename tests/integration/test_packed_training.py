@@ -120,9 +120,11 @@ def test_rope_restarts_per_document_in_the_drafter(target):
     torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
 
 
-def test_packed_training_equals_unpacked_training_step_by_step(target):
+@pytest.mark.parametrize("norm", ["batch", "plan"])
+def test_packed_training_equals_unpacked_training_step_by_step(target, norm):
     """With every candidate anchored, a packed row and its documents one per row train on
-    the same blocks: losses and weights agree after each of three optimizer steps."""
+    the same blocks: losses and weights agree after each of three optimizer steps, under
+    either loss normaliser (the same plan weight on both sides)."""
     import copy
     from dflash.model.loss import Objective, drafter_loss
     d_packed = _drafter(target)
@@ -137,9 +139,10 @@ def test_packed_training_equals_unpacked_training_step_by_step(target):
     emb, head = target.embed_tokens, target.lm_head_weight
     for step in range(3):
         a = drafter_loss(d_packed, target.context(ids, None, pos), emb, head, ids, valid, valid,
-                         Objective(128, anchors_per_document=64), position_ids=pos)
+                         Objective(128, anchors_per_document=64, norm=norm, batch_weight=300.0),
+                         position_ids=pos)
         b = drafter_loss(d_rows, target.context(rows, rvalid.long()), emb, head, rows, rvalid,
-                         rvalid, Objective(64))
+                         rvalid, Objective(64, norm=norm, batch_weight=300.0))
         assert int(a.rows) == int(b.rows)
         torch.testing.assert_close(a.loss, b.loss, rtol=1e-5, atol=1e-6)
         for opt, out in zip(opts, (a, b)):
