@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -207,3 +208,28 @@ class Checkpointer:
                  meta["epoch"], meta["position"])
         return {**state, "step": meta["step"], "epoch": meta["epoch"],
                 "position": meta["position"], "path": str(path)}
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint and restored on resume."""
+    step: int = 0
+    first_loss: float | None = None
+    batches_seen: list = field(default_factory=list)  # (epoch, batch) in training order
+    eval_curve: list = field(default_factory=list)
+    start: tuple[int, int] = (0, 0)  # (epoch, batch) the run starts at
+    resumed_from: str | None = None
+
+    @classmethod
+    def restore(cls, saved: dict | None) -> "Progress":
+        if not saved:
+            return cls()
+        return cls(saved["step"], saved["first_loss"], [tuple(x) for x in saved["batches_seen"]],
+                   saved["eval_curve"], (saved["epoch"], saved["position"]), saved["path"])
+
+    def first_batch(self, epoch: int) -> int:
+        return self.start[1] if epoch == self.start[0] else 0
+
+    def snapshot(self, totals) -> dict:
+        return {"batches_seen": self.batches_seen, "first_loss": self.first_loss,
+                "eval_curve": self.eval_curve, "totals": totals}

@@ -99,3 +99,22 @@ def build_topology(cfg) -> Topology:
             torch.cuda.set_device(drafter_device)
         torch.distributed.init_process_group(backend)
     return Topology(rank, world, local, device, drafter_device)
+
+
+def replica_digests(state_dict: dict, topo) -> list[str]:
+    """A digest of the drafter's weights from every rank: DDP replicas must be equal bit
+    for bit after the last step, or the run stops here saying so."""
+    import hashlib
+    h = hashlib.sha256()
+    for k, v in sorted(state_dict.items()):
+        h.update(k.encode())
+        h.update(v.detach().float().cpu().numpy().tobytes())
+    mine = h.hexdigest()[:16]
+    if not topo.distributed:
+        return [mine]
+    import torch.distributed as dist
+    every = [None] * topo.world_size
+    dist.all_gather_object(every, mine)
+    if len(set(every)) > 1:
+        raise RuntimeError(f"drafter replicas diverged across ranks: {every}")
+    return every

@@ -18,12 +18,8 @@ decoding on prompts training never saw, beside the untrained drafter's figure.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
-import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,47 +35,22 @@ from dflash.errors import ConfigError
 from dflash.eval.decode import evaluate
 from dflash.loggers import build_logger
 from dflash.metrics import Meter, NonFiniteGuard
-from dflash.model.checkpoint import save_drafter
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import Objective
 from dflash.optim import build_optimizer
 from dflash.options import choice
 from dflash.pipeline import Pipeline
 from dflash.preemption import SignalStop, requeue_job
-from dflash.resume import Checkpointer, plan_hash
+from dflash.resume import Checkpointer, Progress, plan_hash
+from dflash.run_dir import run_names, write_run_dir, write_summary
 from dflash.sources import build_sources
 from dflash.step import StepPolicy, TrainStep, seeded_generator
-from dflash.topology import build_topology
+from dflash.topology import build_topology, replica_digests
 from dflash.warmup.monitor import CompileMonitor
 from dflash.warmup.run import configure_compile, use_compile_caches, warm, warm_ranks
 from dflash.warmup.shapes import build_shape_plan
 
 log = logging.getLogger("dflash.trainer")
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved in every checkpoint and restored on resume."""
-    step: int = 0
-    first_loss: float | None = None
-    batches_seen: list = field(default_factory=list)  # (epoch, batch) in training order
-    eval_curve: list = field(default_factory=list)
-    start: tuple[int, int] = (0, 0)  # (epoch, batch) the run starts at
-    resumed_from: str | None = None
-
-    @classmethod
-    def restore(cls, saved: dict | None) -> "Progress":
-        if not saved:
-            return cls()
-        return cls(saved["step"], saved["first_loss"], [tuple(x) for x in saved["batches_seen"]],
-                   saved["eval_curve"], (saved["epoch"], saved["position"]), saved["path"])
-
-    def first_batch(self, epoch: int) -> int:
-        return self.start[1] if epoch == self.start[0] else 0
-
-    def snapshot(self, totals) -> dict:
-        return {"batches_seen": self.batches_seen, "first_loss": self.first_loss,
-                "eval_curve": self.eval_curve, "totals": totals}
 
 
 class Trainer:
@@ -268,8 +239,7 @@ class Trainer:
                 summary["requeued"] = (requeue_job(str(cfg.checkpoint.requeue))
                                        if topo.is_main else None)
                 if topo.is_main:
-                    self.out_dir.mkdir(parents=True, exist_ok=True)
-                    (self.out_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
+                    write_summary(self.out_dir, summary)
                 failed = False
                 return summary
             after = self.evaluate() if topo.is_main else {}
@@ -285,7 +255,8 @@ class Trainer:
                 "wall_seconds": time.time() - t_start})
             if topo.is_main:
                 logger.log_eval(after, summary["steps"])
-                self.write_outputs(summary, resolved)
+                write_run_dir(self.out_dir, self.drafter, resolved, self.sources.eval_prompts,
+                              summary)
                 logger.summary(summary)
             failed = False
             return summary
@@ -389,7 +360,7 @@ class Trainer:
                 "train_seconds": seconds, "epochs": int(self.cfg.epochs),
                 "eval_curve": progress.eval_curve,
                 "eval_seconds_during_training": meter.excluded,
-                "world_size": self.topo.world_size, "replica_digests": self.replica_digests(),
+                "world_size": self.topo.world_size, "replica_digests": replica_digests(self.drafter.state_dict(), self.topo),
                 "batches_per_epoch": self.planner.epoch(0).num_batches,
                 "steps_per_epoch": self.steps_per_epoch, "pipeline_depth": depth,
                 "stage_ms": {k: v for k, v in last.items() if k.startswith("time_")},
@@ -402,23 +373,6 @@ class Trainer:
             return batch.epoch + 1, 0
         return batch.epoch, batch.index + 1
 
-    def replica_digests(self) -> list[str]:
-        """A digest of the drafter's weights from every rank: DDP replicas must be equal
-        bit for bit after the last step, or the run stops here saying so."""
-        h = hashlib.sha256()
-        for k, v in sorted(self.drafter.state_dict().items()):
-            h.update(k.encode())
-            h.update(v.detach().float().cpu().numpy().tobytes())
-        mine = h.hexdigest()[:16]
-        if not self.topo.distributed:
-            return [mine]
-        import torch.distributed as dist
-        every = [None] * self.topo.world_size
-        dist.all_gather_object(every, mine)
-        if len(set(every)) > 1:
-            raise RuntimeError(f"drafter replicas diverged across ranks: {every}")
-        return every
-
     def warm(self) -> dict:
         """Every warm shape through the real step, rank 0 first (it fills the caches)."""
         if not self.shapes.warm:
@@ -429,44 +383,8 @@ class Trainer:
             progress=bool(self.cfg.logger.progress and self.topo.is_main),
             packed=self.planner.strategy == "packed"))
 
-    def write_outputs(self, summary: dict, resolved: dict) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        save_drafter(self.drafter, self.out_dir / "drafter")
-        (self.out_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(resolved))
-        with open(self.out_dir / "eval_prompts.jsonl", "w") as f:
-            for p in self.sources.eval_prompts:
-                f.write(json.dumps({"prompt_ids": [int(t) for t in p]}) + "\n")
-        (self.out_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
-
-
-def run_names(logger_cfg) -> dict:
-    """W&B run name and group: the config's, else the Hydra job's overrides and, in a
-    multirun, the sweep dir's name (so sequential jobs of one sweep share a group)."""
-    name, group = logger_cfg.get("run_name"), logger_cfg.get("group")
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        hc = HydraConfig.get()
-    except (ImportError, ValueError):
-        return {"run_name": name, "group": group, "overrides": []}
-    overrides = hc.job.override_dirname or hc.job.name
-    if str(hc.mode) == "RunMode.MULTIRUN":
-        group = group or Path(hc.sweep.dir).name
-        name = name or f"{hc.job.num}_{overrides}"
-    return {"run_name": name or overrides, "group": group, "overrides": list(hc.overrides.task)}
-
-
 def _autotuners() -> list:
     """Autotuned kernels already loaded (importing Triton just to count them is waste)."""
     import sys
     mod = sys.modules.get("dflash.kernels.ce_triton")
     return mod.autotuners() if mod is not None else []
-
-
-def _finite(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
