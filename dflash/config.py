@@ -135,11 +135,11 @@ class BatchingConfig:
     attention_cost: float = 3.7e-5
     # packed: rows of row_len tokens (0: data.max_seq_len), token_budget // row_len rows
     # a batch but no more than max_batch_size documents a batch on average, first fit
-    # over pack_window open rows (batching/row_packing.py)
+    # over pack_window open rows (batching/packed_rows.py)
     row_len: int = 0
     pack_window: int = 32
     # anchor slots per packed row; 0: as many as the row's documents would get unpacked
-    # (row_packing.anchor_slots_per_row)
+    # (packed_rows.anchor_slots_per_row)
     anchors_per_row: int = 0
 
 
@@ -151,7 +151,7 @@ class BucketsConfig:
     boundaries: Optional[List[int]] = None
     num_buckets: int = 6
     # raise the last boundary to data.max_seq_len + 1, so the top bucket holds every
-    # length the data config allows (see batching/buckets.py resolve_boundaries)
+    # length the data config allows (see batching/boundaries.py resolve_boundaries)
     cover_max_len: bool = True
     meta: Dict[str, Any] = field(default_factory=dict)
 
@@ -309,7 +309,7 @@ class BucketsAppConfig:
     auto_max: int = 32
     quadratic: float = 0.0
     candidates: int = 256
-    # polish the optimum against the exact simulation (bucket_refine.py)
+    # polish the optimum against the exact simulation (batching/bucket_fit/refine.py)
     refine: bool = True
     refine_passes: int = 4
     out: Optional[str] = None

@@ -1,6 +1,6 @@
 """One Logger interface for the trainer: metrics.jsonl always, plus W&B when chosen.
 
-Only rank 0 writes. `log()` receives host-side floats (the runner synchronises device
+Only rank 0 writes. `log()` receives host-side floats (the trainer synchronises device
 metrics every `logger.log_every` steps), so logging never stalls the device. Besides
 the step records: `log_plan()` once at the start (per-bucket table, lengths, bucket
 boundaries, warmup shapes) and `log_eval()` for every acceptance measurement.

@@ -14,7 +14,7 @@ out in plan order whatever the depth: the queues are FIFO and each stage has one
 Every item carries its stage timings (seconds): `data_wait` (target stage waiting for
 the prefetcher), `target` (target stage busy), `target_wait` (target stage blocked on a
 full queue: the drafter is the bottleneck), `drafter_wait` (drafter waiting for a context:
-the target is the bottleneck). The runner adds `drafter` (busy) and logs their sums.
+the target is the bottleneck). The trainer adds `drafter` (busy) and logs their sums.
 """
 from __future__ import annotations
 

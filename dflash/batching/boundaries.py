@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash.options import choice
-from dflash.errors import DataError
+from dflash.errors import ConfigError, DataError
 
 COMPUTED = ("geometric", "quantile", "equal_tokens")
 PRESET_DIR = Path(__file__).resolve().parents[1] / "conf" / "buckets"  # shipped in the wheel
@@ -71,7 +71,7 @@ def _finish(inner: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def computed_boundaries(kind: str, lengths: np.ndarray, num_buckets: int) -> np.ndarray:
     if num_buckets < 1:
-        raise DataError(f"buckets.num_buckets must be >= 1, got {num_buckets}")
+        raise ConfigError(f"buckets.num_buckets must be >= 1, got {num_buckets}")
     k = num_buckets
     if k == 1:
         return _finish(np.zeros(0), lengths)
@@ -86,7 +86,7 @@ def computed_boundaries(kind: str, lengths: np.ndarray, num_buckets: int) -> np.
         targets = (np.arange(1, k) * int(mass[-1])) // k
         inner = srt[np.searchsorted(mass, targets, side="left")]
     else:
-        raise DataError(f"buckets.kind must be 'fixed' or one of {COMPUTED}, got {kind!r}")
+        raise ConfigError(f"buckets.kind must be 'fixed' or one of {COMPUTED}, got {kind!r}")
     return _finish(inner, lengths)
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash.errors import DataError
+from dflash.errors import ConfigError, DataError
 
 
 def first_fit_rows(lengths: np.ndarray, row_len: int, window: int) -> np.ndarray:
     """Row id (int64, numbered as rows open) of each sample, in the order given."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if window < 1:
-        raise DataError(f"batching.pack_window must be >= 1, got {window}")
+        raise ConfigError(f"batching.pack_window must be >= 1, got {window}")
     too_long = np.flatnonzero(lengths > row_len)
     if len(too_long):
         i = int(too_long[0])

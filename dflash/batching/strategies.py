@@ -1,8 +1,9 @@
 """The batching strategies: one Planner per data set, one EpochPlan per (seed, epoch).
 
-All four order the samples, pack them with the shared greedy rule and (except random,
-already random) shuffle batch order. Plans depend only on (lengths, config, seed, epoch),
-so any rank can rebuild any epoch and resume at any step without replaying earlier ones.
+Each strategy is one function in REGISTRY (at the end): it orders the samples, packs
+them with the shared greedy rule (packed: into rows) and, except random (already
+random), shuffles batch order. Plans depend only on (lengths, config, seed, epoch), so
+any rank can rebuild any epoch and resume at any step without replaying earlier ones.
 """
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ import numpy as np
 
 from dflash.batching import boundaries as bk
 from dflash.options import choice
-from dflash.errors import DataError
+from dflash.errors import ConfigError
 from dflash.data.lengths import check_fits_budget, check_lengths
 from dflash.batching.greedy import pack, segment_ends
 from dflash.batching.packed_rows import packed_layout, rows_per_batch
 from dflash.batching.epoch_plan import EpochPlan
 
-STRATEGIES = ("sorted", "random", "bucketed", "megabatch", "packed")
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,9 @@ class PackingSpec:
     @classmethod
     def from_cfg(cls, cfg, max_seq_len: int | None = None) -> "PackingSpec":
         if cfg.max_batch_size < 1:
-            raise DataError(f"batching.max_batch_size must be >= 1, got {cfg.max_batch_size}")
+            raise ConfigError(f"batching.max_batch_size must be >= 1, got {cfg.max_batch_size}")
         if cfg.sort_window < 0:
-            raise DataError(f"batching.sort_window must be >= 0, got {cfg.sort_window}")
+            raise ConfigError(f"batching.sort_window must be >= 0, got {cfg.sort_window}")
         row_len = int(cfg.get("row_len", 0)) or int(max_seq_len or 0)  # 0: data.max_seq_len
         return cls(int(cfg.token_budget), int(cfg.max_batch_size), int(cfg.sort_window),
                    row_len, int(cfg.get("pack_window", 32)))
@@ -49,14 +49,14 @@ class Planner:
 
     def __init__(self, strategy: str, lengths, boundaries, spec: PackingSpec, seed: int = 0):
         if strategy not in STRATEGIES:
-            raise DataError(f"batching.strategy must be one of {STRATEGIES}, got {strategy!r}")
+            raise ConfigError(f"batching.strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
         self.lengths = check_lengths(lengths)
         if strategy != "packed":  # packed rows have their own limit (row_len)
             check_fits_budget(self.lengths, spec.token_budget)
         if strategy == "packed":  # one shape, no buckets: a single bucket holds all
             if not 0 < spec.row_len <= spec.token_budget:
-                raise DataError(f"batching.row_len={spec.row_len} must be in [1, token_budget="
+                raise ConfigError(f"batching.row_len={spec.row_len} must be in [1, token_budget="
                                 f"{spec.token_budget}] for batching=packed (0 takes "
                                 "data.max_seq_len)")
             top = max(spec.row_len, int(self.lengths.max(initial=0))) + 1
@@ -77,7 +77,7 @@ class Planner:
 
     @property
     def rows_per_batch(self) -> int:
-        """Packed: rows a batch (row_packing.rows_per_batch); 0 for the other strategies."""
+        """Packed: rows a batch (packed_rows.rows_per_batch); 0 for the other strategies."""
         if self.strategy != "packed":
             return 0
         return rows_per_batch(self.spec.token_budget, self.spec.max_batch_size,
@@ -94,30 +94,7 @@ class Planner:
         return self.spec.sort_window * per_batch
 
     def epoch(self, epoch: int) -> EpochPlan:
-        rng = epoch_rng(self.seed, epoch)
-        spec = self.spec
-        if self.strategy == "sorted":
-            return self._static_shuffled(epoch, rng)
-        perm = rng.permutation(self.num_samples)
-        if self.strategy == "packed":
-            return self._packed(epoch, perm, rng)
-        if self.strategy == "random":
-            return self._finish(epoch, perm, pack(self.lengths[perm], spec.token_budget,
-                                                  spec.max_batch_size))
-        if self.strategy == "megabatch":
-            window = max(1, self.window_samples())
-            order = self._sort_windows(perm, np.zeros(len(perm), dtype=np.int64), window)
-            offsets = pack(self.lengths[order], spec.token_budget, spec.max_batch_size)
-        else:  # bucketed
-            # stable sort by bucket keeps the random order inside each bucket
-            order = perm[np.argsort(self._bucket_key[perm], kind="stable")]
-            counts = np.bincount(self.sample_bucket, minlength=self.num_buckets)
-            if spec.sort_window > 0:
-                order = self._sort_windows(order, self.sample_bucket[order], self.window_samples())
-            offsets = pack(self.lengths[order], spec.token_budget, spec.max_batch_size,
-                           segment_end=segment_ends(counts))
-        plan = self._finish(epoch, order, offsets)
-        return plan.take(rng.permutation(plan.num_batches))
+        return REGISTRY[self.strategy](self, epoch, epoch_rng(self.seed, epoch))
 
     # ---- helpers -----------------------------------------------------------------
     def _sort_windows(self, order: np.ndarray, segment: np.ndarray, window: int) -> np.ndarray:
@@ -165,3 +142,49 @@ def build_planner(batching_cfg, lengths, boundaries, seed: int,
                   max_seq_len: int | None = None) -> Planner:
     return Planner(choice(batching_cfg.strategy), lengths, boundaries,
                    PackingSpec.from_cfg(batching_cfg, max_seq_len), seed=seed)
+
+
+# ---- the strategies: one function each, (planner, epoch, rng) -> EpochPlan ------------
+def _sorted(p: Planner, epoch: int, rng) -> EpochPlan:
+    """Length-sorted batches, fixed once; only their order changes per epoch."""
+    return p._static_shuffled(epoch, rng)
+
+
+def _random(p: Planner, epoch: int, rng) -> EpochPlan:
+    """A full shuffle, then the greedy rule (already random: no batch-order shuffle)."""
+    perm = rng.permutation(p.num_samples)
+    return p._finish(epoch, perm, pack(p.lengths[perm], p.spec.token_budget,
+                                       p.spec.max_batch_size))
+
+
+def _megabatch(p: Planner, epoch: int, rng) -> EpochPlan:
+    """A full shuffle, sorted windows of `sort_window` batches' worth, greedy, shuffled."""
+    perm = rng.permutation(p.num_samples)
+    order = p._sort_windows(perm, np.zeros(len(perm), dtype=np.int64), max(1, p.window_samples()))
+    plan = p._finish(epoch, order, pack(p.lengths[order], p.spec.token_budget,
+                                        p.spec.max_batch_size))
+    return plan.take(rng.permutation(plan.num_batches))
+
+
+def _bucketed(p: Planner, epoch: int, rng) -> EpochPlan:
+    """Shuffled inside each bucket (optionally sorted windows), greedy per bucket,
+    batch order shuffled."""
+    perm = rng.permutation(p.num_samples)
+    # stable sort by bucket keeps the random order inside each bucket
+    order = perm[np.argsort(p._bucket_key[perm], kind="stable")]
+    counts = np.bincount(p.sample_bucket, minlength=p.num_buckets)
+    if p.spec.sort_window > 0:
+        order = p._sort_windows(order, p.sample_bucket[order], p.window_samples())
+    plan = p._finish(epoch, order, pack(p.lengths[order], p.spec.token_budget,
+                                        p.spec.max_batch_size, segment_end=segment_ends(counts)))
+    return plan.take(rng.permutation(plan.num_batches))
+
+
+def _packed(p: Planner, epoch: int, rng) -> EpochPlan:
+    """A full shuffle packed whole into rows of row_len (first fit), one shape a batch."""
+    return p._packed(epoch, rng.permutation(p.num_samples), rng)
+
+
+REGISTRY = {"sorted": _sorted, "random": _random, "bucketed": _bucketed,
+            "megabatch": _megabatch, "packed": _packed}
+STRATEGIES = tuple(REGISTRY)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash.errors import DataError
+from dflash.errors import ConfigError, DataError
 
 
 def check_lengths(lengths, source: str = "lengths") -> np.ndarray:
@@ -41,7 +41,7 @@ def load_lengths(path: str | Path) -> np.ndarray:
 
 def check_fits_budget(lengths: np.ndarray, token_budget: int, source: str = "data") -> None:
     if token_budget < 1:
-        raise DataError(f"batching.token_budget must be >= 1, got {token_budget}")
+        raise ConfigError(f"batching.token_budget must be >= 1, got {token_budget}")
     longest = int(lengths.max())
     if longest > token_budget:
         i = int(np.argmax(lengths))

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dflash.errors import DataError
+from dflash.errors import ConfigError, DataError
 
 POLICIES = ("truncate", "drop", "error")
 
@@ -27,7 +27,7 @@ class OverlongReport:
 
 def check_policy(policy: str) -> None:
     if policy not in POLICIES:
-        raise DataError(f"data.overlong must be one of {POLICIES}, got {policy!r}")
+        raise ConfigError(f"data.overlong must be one of {POLICIES}, got {policy!r}")
 
 
 def apply_to_lengths(lengths: np.ndarray, max_seq_len: int, policy: str,

@@ -13,17 +13,17 @@ from __future__ import annotations
 from dflash.eval.decode import DrafterProposer, NgramProposer, speculative_decode
 
 
-def context_ablation(runner, max_new_tokens: int | None = None, order: int = 3) -> dict:
-    ds, n = runner.dataset, len(runner.sources.data.lengths)
+def context_ablation(trainer, max_new_tokens: int | None = None, order: int = 3) -> dict:
+    ds, n = trainer.dataset, len(trainer.sources.data.lengths)
     rows = [ds.sample(i) for i in range(n)]
     ngram = NgramProposer([t for t, _ in rows], [m for _, m in rows], order=order,
-                          block_size=runner.drafter.spec.block_size)
-    new = int(max_new_tokens or runner.cfg.eval.max_new_tokens)
-    prompts = runner.sources.eval_prompts
-    runner.drafter.eval()
+                          block_size=trainer.drafter.spec.block_size)
+    new = int(max_new_tokens or trainer.cfg.eval.max_new_tokens)
+    prompts = trainer.sources.eval_prompts
+    trainer.drafter.eval()
     out = {}
-    for name, prop in (("trained", DrafterProposer(runner.drafter, runner.target)),
-                       ("zero_context", DrafterProposer(runner.drafter, runner.target, True)),
+    for name, prop in (("trained", DrafterProposer(trainer.drafter, trainer.target)),
+                       ("zero_context", DrafterProposer(trainer.drafter, trainer.target, True)),
                        (f"ngram{order}", ngram)):
-        out[name] = speculative_decode(runner.target, prop, prompts, new).acceptance_length
+        out[name] = speculative_decode(trainer.target, prop, prompts, new).acceptance_length
     return out

@@ -17,7 +17,7 @@ ranks' blocks divided by the expected weight of a whole step.
 
 Every shape here is fixed by (batch size, padded length, num_anchors) and nothing reads
 a value back to the host: the step runs without synchronising, and its metrics stay on
-the device until the runner gathers them every `logger.log_every` steps.
+the device until the trainer gathers them every `logger.log_every` steps.
 """
 from __future__ import annotations
 

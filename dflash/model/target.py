@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dflash.errors import DataError
+from dflash.errors import ConfigError, DataError
 
 
 class _StopForward(Exception):
@@ -52,7 +52,7 @@ def _set_attention(lm: nn.Module, name: str | None) -> nn.Module:
     try:
         lm.set_attn_implementation(name)
     except (ValueError, ImportError) as exc:
-        raise DataError(f"model.target.attn_implementation={name!r}: {exc}") from exc
+        raise ConfigError(f"model.target.attn_implementation={name!r}: {exc}") from exc
     return lm
 
 
@@ -98,7 +98,7 @@ class Target(nn.Module):
         self.layer_ids = list(layer_ids) if layer_ids else default_layer_ids(n)
         bad = [i for i in self.layer_ids if not 0 <= i < n]
         if bad:
-            raise DataError(f"model.target.layer_ids {bad} outside the target's {n} layers")
+            raise ConfigError(f"model.target.layer_ids {bad} outside the target's {n} layers")
 
     @classmethod
     def from_config(cls, cfg) -> "Target":

@@ -17,7 +17,7 @@ from dflash.options import choice
 from dflash.data.build import Data, load_data
 from dflash.data.overlong import apply_to_lengths
 from dflash.data.synthetic import synthetic_lengths
-from dflash.errors import DataError
+from dflash.errors import ConfigError, DataError
 from dflash.model.target import Target, target_vocab_size
 
 
@@ -66,7 +66,7 @@ def build_sources(cfg, progress: bool = True) -> Sources:
     data.dataset.check_vocab(vocab)
     n_eval = int(cfg.eval.num_prompts) if cfg.eval.enabled else 0
     if n_eval >= len(data.lengths):
-        raise DataError(f"eval.num_prompts={n_eval} leaves no training samples of "
+        raise ConfigError(f"eval.num_prompts={n_eval} leaves no training samples of "
                         f"{len(data.lengths)}")
     keep = len(data.lengths) - n_eval
     prompts = [prompt_of(*data.dataset.sample(i)) for i in range(keep, len(data.lengths))]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dflash.errors import DataError
+from dflash.errors import ConfigError, DataError
 
 POLICIES = ("none", "bucket_max", "top_k", "coverage", "all")
 
@@ -48,10 +48,10 @@ class Rounding:
 
     def __post_init__(self):
         if self.pad_to_multiple < 1:
-            raise DataError(f"warmup.pad_to_multiple must be >= 1, got {self.pad_to_multiple}")
+            raise ConfigError(f"warmup.pad_to_multiple must be >= 1, got {self.pad_to_multiple}")
         menu = list(self.batch_sizes)
         if menu and (menu != sorted(set(menu)) or menu[0] < 1):
-            raise DataError(f"warmup.batch_sizes must be increasing positive integers, got {menu}")
+            raise ConfigError(f"warmup.batch_sizes must be increasing positive integers, got {menu}")
 
     def arrays(self, batch_sizes: np.ndarray, seq_lens: np.ndarray):
         """Rounded (batch sizes, lengths) of many batches at once (int64)."""
@@ -129,7 +129,7 @@ def select(policy: str, shapes: PlanShapes, top_k: int = 8, coverage: float = 0.
 
 def _select(policy, shapes, top_k, coverage) -> list:
     if policy not in POLICIES:
-        raise DataError(f"warmup.policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        raise ConfigError(f"warmup.policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     counts = shapes.rounded_counts()
     by_freq = sorted(counts, key=lambda k: (-counts[k], -k[0] * k[1]))
     if policy == "none" or not counts:
@@ -140,10 +140,10 @@ def _select(policy, shapes, top_k, coverage) -> list:
         return sorted(envelopes(shapes))
     if policy == "top_k":
         if top_k < 1:
-            raise DataError(f"warmup.top_k must be >= 1, got {top_k}")
+            raise ConfigError(f"warmup.top_k must be >= 1, got {top_k}")
         return sorted(by_freq[:top_k])
     if not 0.0 < coverage <= 1.0:
-        raise DataError(f"warmup.coverage must be in (0, 1], got {coverage}")
+        raise ConfigError(f"warmup.coverage must be in (0, 1], got {coverage}")
     # coverage: the smallest set whose steps (each batch run at the cheapest warmed shape
     # that holds it) reach the fraction; greedy by frequency, coverage re-measured each time
     total, chosen = len(shapes.rounded_b), []

@@ -8,6 +8,7 @@ from dflash.eval.decode import DrafterProposer, speculative_decode
 from tests.helpers.decoding import target_greedy
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.target import Target
+from tests.helpers.models import random_prompts as _prompts
 
 
 @pytest.fixture(scope="module")
@@ -15,10 +16,6 @@ def target():
     return Target.from_config(OmegaConf.structured(TargetConfig()))
 
 
-def _prompts(n=5):
-    g = torch.Generator().manual_seed(4)
-    return [torch.randint(3, 500, (int(k),), generator=g).tolist() for k in
-            torch.randint(3, 20, (n,), generator=g)]
 
 
 def test_batched_decoding_equals_target_greedy_and_feeds_only_new_tokens(target):

@@ -3,10 +3,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dflash.config import DrafterConfig, TargetConfig
+from dflash.config import TargetConfig
 from tests.helpers.decoding import speculative_generate, target_greedy
-from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.target import Target
+from tests.helpers.models import tiny_drafter as _drafter
 
 
 @pytest.fixture(scope="module")
@@ -14,10 +14,6 @@ def target():
     return Target.from_config(OmegaConf.structured(TargetConfig))
 
 
-def _drafter(target, layers=1, seed=0):
-    torch.manual_seed(seed)
-    return DFlashDrafter(DrafterSpec.from_target(
-        target, OmegaConf.structured(DrafterConfig(num_layers=layers))))
 
 
 def test_speculative_decoding_is_lossless(target):

@@ -10,6 +10,7 @@ from dflash.config import DrafterConfig, TargetConfig
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import block_embeddings, block_targets, sample_anchors
 from dflash.model.target import Target
+from tests.helpers.models import packed_row as _row
 
 SPEC = PackingSpec(token_budget=4096, max_batch_size=64, row_len=1024, pack_window=16)
 
@@ -22,20 +23,6 @@ def target():
     return Target.from_config(OmegaConf.structured(TargetConfig(dtype="float32")))
 
 
-def _row(docs, row_len):
-    """One packed row of the given documents (lists of ids) and its position ids."""
-    ids = torch.zeros(1, row_len, dtype=torch.long)
-    pos = torch.arange(row_len)[None].clone()
-    valid = torch.zeros(1, row_len, dtype=torch.bool)
-    at, spans = 0, []
-    for d in docs:
-        ids[0, at:at + len(d)] = torch.tensor(d)
-        pos[0, at:at + len(d)] = torch.arange(len(d))
-        valid[0, at:at + len(d)] = True
-        spans.append((at, at + len(d)))
-        at += len(d)
-    pos[0, at:] = torch.arange(row_len - at)
-    return ids, pos, valid, spans
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager", "flex_attention"])

@@ -8,6 +8,7 @@ from dflash.data.format import DatasetWriter, TokenDataset
 from dflash.data.overlong import apply_to_lengths
 from dflash.data.prepare import prepare
 from dflash.data.synthetic import ASSISTANT_ID, MarkovSource, build_synthetic, synthetic_lengths
+from dflash.errors import ConfigError
 
 
 def _write(path, samples, vocab=100):
@@ -63,7 +64,7 @@ def test_overlong_policies():
     assert new.tolist() == [5, 7] and keep.tolist() == [0, 2] and rep.count == 2
     with pytest.raises(DataError, match="sample 1 has 50 tokens, more than data.max_seq_len=10"):
         apply_to_lengths(lengths, 10, "error")
-    with pytest.raises(DataError, match="data.overlong must be one of"):
+    with pytest.raises(ConfigError, match="data.overlong must be one of"):
         apply_to_lengths(lengths, 10, "cut")
 
 

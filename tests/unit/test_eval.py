@@ -7,6 +7,7 @@ from dflash.config import TargetConfig
 from dflash.eval.decode import NgramProposer, _accept, speculative_decode
 from tests.helpers.decoding import target_greedy
 from dflash.model.target import Target
+from tests.helpers.models import random_prompts as _prompts
 
 
 @pytest.fixture(scope="module")
@@ -14,10 +15,6 @@ def target():
     return Target.from_config(OmegaConf.structured(TargetConfig()))
 
 
-def _prompts(n=5):
-    g = torch.Generator().manual_seed(4)
-    return [torch.randint(3, 500, (int(k),), generator=g).tolist() for k in
-            torch.randint(3, 20, (n,), generator=g)]
 
 
 def test_stops_at_eos_and_clamps_the_last_step(target):

@@ -6,12 +6,13 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from dflash.batching import DataError
-from dflash.config import DrafterConfig, TargetConfig
+from dflash.config import TargetConfig
 from tests.helpers.decoding import speculative_generate
 from dflash.model.checkpoint import load_drafter, save_drafter
-from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import Objective, block_targets, drafter_loss, position_weights, sample_anchors
 from dflash.model.target import Target, default_layer_ids
+from tests.helpers.models import tiny_drafter as _drafter
+from dflash.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +20,6 @@ def target():
     return Target.from_config(OmegaConf.structured(TargetConfig))
 
 
-def _drafter(target, layers=1, seed=0):
-    torch.manual_seed(seed)
-    return DFlashDrafter(DrafterSpec.from_target(
-        target, OmegaConf.structured(DrafterConfig(num_layers=layers))))
 
 
 def test_default_layers():
@@ -65,7 +62,7 @@ def test_target_attention_kernel_is_chosen_by_config(tmp_path):
         TargetConfig(path=str(tmp_path / "m"), attn_implementation="eager")))
     assert local.config._attn_implementation == "eager"
     for path in (None, str(tmp_path / "m")):
-        with pytest.raises(DataError, match="model.target.attn_implementation='sdpa_typo'"):
+        with pytest.raises(ConfigError, match="model.target.attn_implementation='sdpa_typo'"):
             Target.from_config(OmegaConf.structured(
                 TargetConfig(path=path, attn_implementation="sdpa_typo")))
 

@@ -15,6 +15,7 @@ SPEC = PackingSpec(token_budget=4096, max_batch_size=64, row_len=1024, pack_wind
 DOCS = [list(range(3, 40)), list(range(100, 121)), list(range(200, 250))]
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
+from tests.helpers.models import packed_row as _row
 
 def _lengths(n=3000, seed=0):
     rng = np.random.default_rng(seed)
@@ -74,20 +75,6 @@ def test_packed_layout_positions_restart_per_document(tmp_path):
     assert not valid[2].any() and not mask[2].any()  # an empty filler row
 
 
-def _row(docs, row_len):
-    """One packed row of the given documents (lists of ids) and its position ids."""
-    ids = torch.zeros(1, row_len, dtype=torch.long)
-    pos = torch.arange(row_len)[None].clone()
-    valid = torch.zeros(1, row_len, dtype=torch.bool)
-    at, spans = 0, []
-    for d in docs:
-        ids[0, at:at + len(d)] = torch.tensor(d)
-        pos[0, at:at + len(d)] = torch.arange(len(d))
-        valid[0, at:at + len(d)] = True
-        spans.append((at, at + len(d)))
-        at += len(d)
-    pos[0, at:] = torch.arange(row_len - at)
-    return ids, pos, valid, spans
 
 
 @settings(max_examples=60, deadline=None)

@@ -4,6 +4,7 @@ from hypothesis import given, settings, strategies as st
 
 from dflash.batching import DataError, PackingSpec, Planner, STRATEGIES
 from dflash.batching.boundaries import assign
+from dflash.errors import ConfigError
 
 
 @st.composite
@@ -104,5 +105,5 @@ def test_bad_boundaries_are_named(boundaries, match):
 
 
 def test_unknown_strategy():
-    with pytest.raises(DataError, match="batching.strategy must be one of"):
+    with pytest.raises(ConfigError, match="batching.strategy must be one of"):
         Planner("sortd", np.array([1]), [0, 2], PackingSpec(10, 1))

@@ -7,6 +7,7 @@ from tests.helpers.run import WORLD
 from dflash.batching.epoch_plan import EpochPlan
 from dflash.errors import DataError
 from dflash.warmup.shapes import PlanShapes, Rounding, ShapePlan, select
+from dflash.errors import ConfigError
 
 
 COMPILED = [*WORLD, "eval.enabled=false", "epochs=1", "logger.progress=false",
@@ -50,9 +51,9 @@ def test_rounding_and_menu():
     assert b.tolist() == [1, 4, 16, 16] and s.tolist() == [64, 64, 128, 256]
     with pytest.raises(DataError, match="more than the largest warmup.batch_sizes"):
         r.arrays(np.array([17]), np.array([10]))
-    with pytest.raises(DataError, match="increasing positive"):
+    with pytest.raises(ConfigError, match="increasing positive"):
         Rounding(8, (4, 2))
-    with pytest.raises(DataError, match="pad_to_multiple"):
+    with pytest.raises(ConfigError, match="pad_to_multiple"):
         Rounding(0)
 
 
@@ -87,5 +88,5 @@ def test_policies_on_a_real_plan(full_lengths):
     assert e0["distinct_natural"] > e0["distinct_rounded"] >= e0["distinct_run"]
     assert e0["run_padded_tokens"] >= e0["natural_padded_tokens"] and total == sum(
         e["steps"] for e in rep["epochs"])
-    with pytest.raises(DataError, match="warmup.policy must be one of"):
+    with pytest.raises(ConfigError, match="warmup.policy must be one of"):
         select("observed", shapes)

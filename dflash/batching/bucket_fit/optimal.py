@@ -1,7 +1,7 @@
 """Globally optimal bucket boundaries for dflash's bucketed shuffle.
 
 The expected padded cost of the whole plan is the sum of each bucket's cost, and a
-bucket's cost depends only on its own [lo, hi) (bucket_cost.py). So with candidate
+bucket's cost depends only on its own [lo, hi) (cost.py). So with candidate
 boundaries at histogram-bin edges, a dynamic program over (buckets used, last edge)
 finds the exact optimum over those candidates in O(K * G^2) after an all-pairs cost
 table. The answer is then measured by exact simulation of the real planner.
