@@ -71,9 +71,10 @@ class Trainer:
         self.boundaries = resolve_boundaries(cfg.buckets, lengths, int(cfg.data.max_seq_len))
         self.planner = build_planner(cfg.batching, lengths, self.boundaries, int(cfg.seed),
                                      int(cfg.data.max_seq_len))
-        self.steps_per_epoch = self.shard(0).num_batches
+        self._epoch_steps: dict[int, int] = {}
+        self.steps_per_epoch = self.epoch_steps(0)
         self.total_steps = self._total_steps()
-        self.num_epochs = -(-self.total_steps // self.steps_per_epoch)
+        self.num_epochs = self._epochs_for(self.total_steps)
         # every epoch's whole plan (all ranks' batches): each rank warms the same shapes
         self.num_anchors = self.anchor_slots()
         self.shapes = build_shape_plan([self.planner.epoch(e) for e in range(self.num_epochs)],
@@ -105,18 +106,42 @@ class Trainer:
             torch.distributed.barrier()
         return sources
 
+    def epoch_steps(self, epoch: int) -> int:
+        """This rank's steps in `epoch`: the count varies by epoch (the greedy rule packs
+        a new shuffle), so the run's length is summed over the epochs it covers."""
+        if epoch not in self._epoch_steps:
+            self._epoch_steps[epoch] = self.shard(epoch).num_batches
+        return self._epoch_steps[epoch]
+
     def _total_steps(self) -> int:
-        """Steps of the run: epochs, capped by optim.max_steps and optim.max_tokens."""
+        """Steps of the run: the epochs' steps, capped by optim.max_steps and
+        optim.max_tokens (epochs <= 0 with max_steps: max_steps)."""
         cfg = self.cfg
-        total = self.steps_per_epoch * int(cfg.epochs)
-        if int(cfg.optim.max_steps) > 0:
-            total = min(total, int(cfg.optim.max_steps)) if cfg.epochs > 0 else int(cfg.optim.max_steps)
+        epochs, max_steps = int(cfg.epochs), int(cfg.optim.max_steps)
+        limit = max_steps if max_steps > 0 else None
         if int(cfg.optim.max_tokens) > 0:
-            total = min(total, self.steps_for_tokens(int(cfg.optim.max_tokens), total))
+            by_tokens = self.steps_for_tokens(int(cfg.optim.max_tokens), limit or 1 << 62)
+            limit = by_tokens if limit is None else min(limit, by_tokens)
+        if epochs <= 0 and limit is not None:
+            total = limit
+        else:
+            total = 0
+            for e in range(max(0, epochs)):
+                total += self.epoch_steps(e)
+                if limit is not None and total >= limit:
+                    break
+            total = total if limit is None else min(total, limit)
         if total < 1:
             raise ConfigError(f"nothing to train: epochs={cfg.epochs}, "
                               f"{self.steps_per_epoch} steps per epoch")
         return total
+
+    def _epochs_for(self, steps: int) -> int:
+        """Epochs the first `steps` steps reach into."""
+        done, epoch = 0, 0
+        while done < steps:
+            done, epoch = done + self.epoch_steps(epoch), epoch + 1
+        return epoch
 
     def objective(self) -> Objective:
         m = self.cfg.model
@@ -156,7 +181,7 @@ class Trainer:
             if cum[-1] >= budget:
                 k = int(np.searchsorted(cum, budget)) + 1  # batches needed
                 return min(limit, steps + -(-k // world))
-            seen, steps, epoch = int(cum[-1]), steps + self.shard(epoch).num_batches, epoch + 1
+            seen, steps, epoch = int(cum[-1]), steps + self.epoch_steps(epoch), epoch + 1
         return limit
 
     def plan_quality(self) -> dict:
@@ -369,7 +394,7 @@ class Trainer:
 
     def next_position(self, batch) -> tuple[int, int]:
         """(epoch, batch index) of the batch after this one: where a resume starts."""
-        if batch.index + 1 >= self.shard(batch.epoch).num_batches:
+        if batch.index + 1 >= self.epoch_steps(batch.epoch):
             return batch.epoch + 1, 0
         return batch.epoch, batch.index + 1
 
