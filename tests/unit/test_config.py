@@ -38,6 +38,7 @@ def test_defaults_and_experiment():
     ("buckets=seed7", "seed7"),
     ("batching.strategy=sortd", "expected one of \\[sorted, random, bucketed, megabatch, packed\\]"),
     ("data.overlong=cut", "data.overlong"),
+    ("optim.loss_norm=tokens", "optim.loss_norm"),
 ])
 def test_bad_overrides_name_the_key(override, match):
     import re
