@@ -20,6 +20,7 @@ from dflash.data.build import SOURCES
 from dflash.data.overlong import POLICIES as OVERLONG
 from dflash.kernels.lm_head_loss import LOSS_IMPLS
 from dflash.model.drafter import ATTENTION_BACKENDS
+from dflash.model.checkpoint import EXPORT_DTYPES
 from dflash.model.loss import LOSS_NORMS
 from dflash.step import AUTOCAST, NONFINITE
 from dflash.topology import DEVICES
@@ -44,6 +45,7 @@ Device = options("Device", DEVICES)
 LoggerMode = options("LoggerMode", ("online", "offline", "disabled"))
 Autocast = options("Autocast", AUTOCAST)
 LossNorm = options("LossNorm", LOSS_NORMS)
+ExportDtype = options("ExportDtype", EXPORT_DTYPES)
 
 
 @dataclass
@@ -93,8 +95,15 @@ class DrafterConfig:
     block_size: int = 16
     num_anchors: int = 512
     gamma: float = 7.0
-    mask_token_id: Optional[int] = None  # None: last id of the vocabulary
+    # the block's mask input; None: the last embedding row. A drafter must be served
+    # with the id it was trained with (model=qwen3_8b sets the public drafters' 151669);
+    # a data set holding this id is refused, naming the sample
+    mask_token_id: Optional[int] = None
     seed: int = 0
+    # warm start: a drafter dir in the public DFlash layout (a published drafter, or a
+    # run's drafter/) loaded before step 1, weights only (optimizer and schedule fresh);
+    # its shape, taps, block size, mask token and vocabulary must match this run's
+    init: Optional[str] = None
 
 
 @dataclass
@@ -248,8 +257,15 @@ class EvalConfig:
 
 @dataclass
 class CheckpointConfig:
-    # training-state checkpoints (dflash.resume) every N steps (0: only on SIGTERM/SIGUSR1)
+    # training-state checkpoints (dflash.resume) every N steps and/or every M minutes of
+    # wall clock (0: off; with both 0, only on SIGTERM/SIGUSR1). A kill -9 then loses
+    # at most that much work, given resume=auto on the rerun
     every_steps: int = 0
+    every_minutes: float = 0.0
+    # the exported drafter/ (not the training state, which keeps fp32 master weights):
+    # auto = bfloat16 when the drafter trains on CUDA (the public drafters' dtype, half
+    # the size), float32 on CPU
+    dtype: ExportDtype = ExportDtype.auto
     keep: int = 2  # newest checkpoints kept
     force_resume: bool = False  # resume even though the plan settings changed
     # after a preemption checkpoint, requeue the SLURM job (`scontrol requeue`, as

@@ -155,6 +155,20 @@ class WandbLogger(Logger):
             if isinstance(v, (int, float, str)) and not isinstance(v, bool):
                 self.run.summary[k] = v
         self.run.summary["plan/compiles_after_warmup"] = summary.get("compiles_after_warmup")
+        gap = summary.get("acceptance") or {}
+        for k in ("train_teacher_forced", "heldout_teacher_forced", "heldout_decode_path",
+                  "heldout_decoded"):
+            if gap.get(k) is not None:
+                self.run.summary[f"acceptance/{k}"] = gap[k]
+        rows = list(zip(gap.get("heldout_teacher_forced_per_position") or [],
+                        gap.get("heldout_decode_path_per_position") or [],
+                        gap.get("heldout_decoded_per_position") or []))
+        if rows:  # one table: position k, P(>= k accepted) teacher-forced and decoded
+            self.run.log({"acceptance/per_position": self.wandb.Table(
+                columns=["k", "heldout_teacher_forced", "heldout_decode_path", "heldout_decoded"],
+                data=[[k + 1, *r] for k, r in enumerate(rows)])})
+        if gap.get("warning"):
+            self.run.summary["acceptance/warning"] = gap["warning"]
 
     def finish(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)

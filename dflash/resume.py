@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,25 +133,42 @@ class Checkpointer:
     """The training side of checkpoints: what goes in, when a save is due, and resuming.
 
     It holds the objects whose state it saves (drafter, optimizer, schedule, the anchor
-    RNG) and decides itself when to write: every `checkpoint.every_steps` steps and on a
+    RNG) and decides itself when to write: every `checkpoint.every_steps` steps, once
+    `checkpoint.every_minutes` of wall clock passed since the last save, and on a
     preemption. `extra` is the trainer's own progress (a dict), saved beside them."""
 
     def __init__(self, out_dir, cfg, resume: str, plan_digest: str, topo, *, drafter,
                  optimizer, scheduler, generator):
         self.every, self.keep = int(cfg.every_steps), int(cfg.keep)
+        self.seconds = 60.0 * float(cfg.get("every_minutes", 0) or 0)
+        self.last_save = time.monotonic()
         self.dir = Path(out_dir) / "checkpoints"
         self.resume, self.force = str(resume), bool(cfg.force_resume)
         self.hash, self.topo = plan_digest, topo
         self.drafter, self.optimizer, self.scheduler = drafter, optimizer, scheduler
         self.generator = generator
 
-    def due(self, step: int) -> bool:
-        return self.every > 0 and step % self.every == 0
+    def due(self, step: int, sync_every: int = 1) -> bool:
+        if self.every > 0 and step % self.every == 0:
+            return True
+        if self.seconds <= 0:
+            return False
+        late = time.monotonic() - self.last_save >= self.seconds
+        if not self.topo.distributed:
+            return late
+        # ranks must agree to save after the same step: agreed at the metric syncs (an
+        # all-reduce every `sync_every` steps, none in between)
+        if step % max(1, sync_every):
+            return False
+        import torch.distributed as dist
+        t = torch.tensor([int(late)], device=self.topo.drafter_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
 
-    def after_step(self, step: int, preempted, state) -> Path | None:
+    def after_step(self, step: int, preempted, state, sync_every: int = 1) -> Path | None:
         """Save when due or preempted; `state()` gives ((epoch, batch) to resume at,
         extra), only computed when a save happens."""
-        if not (self.due(step) or preempted):
+        if not (preempted or self.due(step, sync_every)):
             return None
         position, extra = state()
         return self.save(step, position, extra)
@@ -163,6 +181,7 @@ class Checkpointer:
             import torch.distributed as dist
             rngs = [None] * self.topo.world_size
             dist.all_gather_object(rngs, rng)
+        self.last_save = time.monotonic()
         if not self.topo.is_main:
             return None
         state = {"drafter": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),

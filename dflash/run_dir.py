@@ -21,9 +21,10 @@ def write_summary(out_dir: Path, summary: dict) -> None:
     (out_dir / "summary.json").write_text(json.dumps(finite(summary), indent=2))
 
 
-def write_run_dir(out_dir: Path, drafter, resolved: dict, eval_prompts, summary: dict) -> None:
+def write_run_dir(out_dir: Path, drafter, resolved: dict, eval_prompts, summary: dict,
+                  dtype=None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_drafter(drafter, out_dir / "drafter")
+    save_drafter(drafter, out_dir / "drafter", dtype)
     (out_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(resolved))
     with open(out_dir / "eval_prompts.jsonl", "w") as f:
         for p in eval_prompts:

@@ -36,6 +36,9 @@ def format_summary(summary: dict) -> str:
     for k in SHOWN:
         v = summary.get(k)
         rows.append(f"{k:>26}  {v:,.3f}" if isinstance(v, float) else f"{k:>26}  {v}")
+    if summary.get("acceptance"):
+        from dflash.eval.teacher_forced import format_gap
+        rows.append(format_gap(summary["acceptance"]))
     if summary.get("warmup"):
         from dflash.warmup.shapes import format_shape_report
         rows.append(format_shape_report(summary["warmup"]))

@@ -33,8 +33,10 @@ from dflash.batching.packed_rows import anchor_slots_per_row
 from dflash.batching.strategies import build_planner
 from dflash.errors import ConfigError
 from dflash.eval.decode import evaluate
+from dflash.eval.teacher_forced import acceptance_gap, teacher_forced_acceptance
 from dflash.loggers import build_logger
 from dflash.metrics import Meter, NonFiniteGuard
+from dflash.model.checkpoint import check_compatible, export_dtype, load_drafter
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import Objective
 from dflash.optim import build_optimizer
@@ -220,8 +222,21 @@ class Trainer:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(self.cfg.model.drafter.seed))
             drafter = DFlashDrafter(spec)  # fp32 master weights, whatever the target's dtype
+        if self.cfg.model.drafter.get("init"):
+            self.warm_start(drafter, str(self.cfg.model.drafter.init))
         drafter.set_attention(choice(self.cfg.model.attention))
         return drafter.to(self.topo.drafter_device)
+
+    @staticmethod
+    def warm_start(drafter: DFlashDrafter, path: str) -> None:
+        """`model.drafter.init`: a published drafter's weights (public DFlash layout) into
+        this run's drafter before step 1; the optimizer and schedule start fresh, and a
+        resume (resume=) still wins over it."""
+        where = f"model.drafter.init={path}"
+        loaded = load_drafter(path)
+        check_compatible(loaded.spec, drafter.spec, where)
+        drafter.load_state_dict(loaded.state_dict())
+        log.info("drafter initialised from %s", path)
 
     def shard(self, epoch: int):
         b = self.cfg.batching
@@ -236,14 +251,22 @@ class Trainer:
                             generator=self.train_step.generator)
 
     # ---- run -------------------------------------------------------------------------
-    def evaluate(self) -> dict:
+    def evaluate(self, teacher_forced: bool = False) -> dict:
+        """Decoded acceptance on the held-out prompts; with `teacher_forced`, also the
+        training estimate on those prompts followed by the tokens decoding produced."""
         e = self.cfg.eval
-        if not e.enabled or not self.sources.eval_prompts:
+        prompts = self.sources.eval_prompts
+        if not e.enabled or not prompts:
             return {}
-        r = evaluate(self.target, self.drafter, self.sources.eval_prompts, int(e.max_new_tokens),
+        r = evaluate(self.target, self.drafter, prompts, int(e.max_new_tokens),
                      temperature=float(e.temperature), batch_size=int(e.batch_size),
                      seed=int(e.seed), eos_token_id=getattr(self.target.config, "eos_token_id", None))
-        return r.as_dict()
+        out = r.as_dict()
+        if teacher_forced:
+            out["teacher_forced"] = teacher_forced_acceptance(
+                self.target, self.drafter, [list(map(int, p)) + t for p, t in zip(prompts, r.tokens)],
+                [len(p) for p in prompts], batch_size=int(e.batch_size))
+        return out
 
     def run(self) -> dict:
         cfg, topo = self.cfg, self.topo
@@ -267,10 +290,15 @@ class Trainer:
                     write_summary(self.out_dir, summary)
                 failed = False
                 return summary
-            after = self.evaluate() if topo.is_main else {}
+            after = self.evaluate(teacher_forced=True) if topo.is_main else {}
+            gap = acceptance_gap(summary["final_accept_est"], after.get("teacher_forced", {}),
+                                 after, float(cfg.eval.temperature)) if after else None
+            if gap and gap["warning"]:
+                log.warning(gap["warning"])
             summary.update({
                 "initial_acceptance_length": before.get("acceptance_length"),
                 "acceptance_length": after.get("acceptance_length"),
+                "acceptance": gap,
                 "eval": {"before": before, "after": after,
                          "num_prompts": len(self.sources.eval_prompts),
                          "max_new_tokens": int(cfg.eval.max_new_tokens),
@@ -281,7 +309,8 @@ class Trainer:
             if topo.is_main:
                 logger.log_eval(after, summary["steps"])
                 write_run_dir(self.out_dir, self.drafter, resolved, self.sources.eval_prompts,
-                              summary)
+                              summary, export_dtype(choice(cfg.checkpoint.dtype),
+                                                    self.topo.drafter_device))
                 logger.summary(summary)
             failed = False
             return summary
@@ -315,7 +344,7 @@ class Trainer:
                 bar.update(1)
                 preempted = stop.requested(progress.step, meter.every)
                 ck.after_step(progress.step, preempted, lambda b=item.batch: (
-                    self.next_position(b), progress.snapshot(meter.totals)))
+                    self.next_position(b), progress.snapshot(meter.totals)), meter.every)
                 if preempted or progress.step >= self.total_steps:
                     items.close()  # stops the pipeline's threads
                     break

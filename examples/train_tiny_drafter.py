@@ -18,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from dflash.eval.ablation import context_ablation  # noqa: E402
 from dflash.config import compose  # noqa: E402
+from dflash.eval.teacher_forced import format_gap  # noqa: E402
 from dflash.trainer import Trainer  # noqa: E402
 
 
@@ -29,10 +30,14 @@ def main(overrides: list[str]) -> int:
     summary = runner.run()
     scores = context_ablation(runner)
     print(f"drafter loss {summary['initial_loss']:.3f} -> {summary['final_loss']:.3f} "
-          f"in {summary['steps']} steps ({summary['wall_seconds']:.0f} s)")
+          f"in {summary['steps']} steps ({summary['wall_seconds']:.0f} s), "
+          f"{summary['tokens_per_second']:,.0f} real tokens/s at padding efficiency "
+          f"{summary['padding_efficiency']:.2f}")
     print(f"acceptance length, untrained drafter: {summary['initial_acceptance_length']:.2f}")
     for name, v in scores.items():
         print(f"acceptance length, {name:>13}: {v:.2f}")
+    if summary.get("acceptance"):
+        print(format_gap(summary["acceptance"]))
     print(f"run dir: {out}")
     return 0
 

@@ -118,6 +118,23 @@ class TokenDataset:
                             f"outside the model vocabulary of {vocab_size} "
                             f"({int((per_sample >= vocab_size).sum())} samples affected)")
 
+    def check_absent(self, token_id: int, key: str) -> None:
+        """Fail before training if a sample holds `token_id` (the drafter's mask token:
+        a block input that is also real text makes every draft ambiguous). One pass over
+        the token file, in chunks, so a memory-mapped set is never read whole."""
+        step = 1 << 26
+        for start in range(0, len(self.tokens), step):
+            hits = np.flatnonzero(np.asarray(self.tokens[start:start + step]) == token_id)
+            if len(hits):
+                pos = start + int(hits[0])
+                sample = int(np.searchsorted(self.offsets, pos, side="right")) - 1
+                total = int(sum(int((np.asarray(self.tokens[s:s + step]) == token_id).sum())
+                                for s in range(start, len(self.tokens), step)))
+                raise DataError(f"{self.path}: sample {sample} holds token id {token_id}, the "
+                                f"drafter's mask token ({key}; {total} occurrences in the set); "
+                                "set it to an id the data never uses (the tokenizer's reserved "
+                                "mask token, e.g. 151669 for Qwen3)")
+
     @classmethod
     def open(cls, path: str | Path) -> "TokenDataset":
         path = Path(path)

@@ -18,6 +18,16 @@ from dflash.errors import DataError
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 
 
+EXPORT_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def export_dtype(name: str, device) -> torch.dtype:
+    """checkpoint.dtype: auto is bfloat16 for a drafter trained on CUDA, else float32."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
 def drafter_config_dict(spec: DrafterSpec) -> dict:
     return {
         "architectures": ["DFlashDraftModel"],
@@ -58,7 +68,8 @@ def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype | 
     cfg = drafter_config_dict(drafter.spec)
     state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu()
              for k, v in drafter.state_dict().items()}
-    cfg["torch_dtype"] = str(next(iter(state.values())).dtype).replace("torch.", "")
+    # transformers < 5 reads torch_dtype, 5 reads dtype: both say what the file holds
+    cfg["torch_dtype"] = cfg["dtype"] = str(next(iter(state.values())).dtype).replace("torch.", "")
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     return path
@@ -86,8 +97,24 @@ def _check_full_attention(cfg: dict, where: str) -> None:
                         "every layer, so it cannot load a sliding-window drafter faithfully")
 
 
+def _check_unsupported(cfg: dict, where: str) -> None:
+    """Keys a public reader honours that dflash's drafter does not compute: loading
+    them anyway would run a different model under the same weights."""
+    if cfg.get("is_causal"):
+        raise DataError(f"{where}: is_causal is true; dflash's drafter attends bidirectionally "
+                        "within a block (the DFlash design), so it cannot load a causal-block "
+                        "drafter faithfully")
+    dc = cfg.get("dflash_config", {})
+    taps, n = dc.get("target_layer_ids"), cfg.get("num_target_layers")
+    if taps is not None and n is not None and int(n) - 1 in [int(i) for i in taps]:
+        raise DataError(f"{where}: dflash_config.target_layer_ids={list(taps)} taps layer "
+                        f"{int(n) - 1}, the target's last (engines read it before the final "
+                        "norm, converters drop it); this drafter cannot be served as trained")
+
+
 def spec_from_config(cfg: dict, where: str) -> DrafterSpec:
     _check_full_attention(cfg, where)
+    _check_unsupported(cfg, where)
     try:
         dc = cfg.get("dflash_config", {})
         return DrafterSpec(
@@ -104,6 +131,32 @@ def spec_from_config(cfg: dict, where: str) -> DrafterSpec:
             attention_bias=bool(cfg.get("attention_bias", False)))
     except KeyError as exc:
         raise DataError(f"{where}: missing key {exc} for a DFlash drafter") from exc
+
+
+# what a drafter must share with the run it is loaded into (warm start), each with the
+# key a user would change to make them agree
+MUST_MATCH = {"hidden_size": "the target's hidden size",
+              "num_layers": "model.drafter.num_layers",
+              "block_size": "model.drafter.block_size",
+              "target_layer_ids": "model.target.layer_ids",
+              "num_target_layers": "the target's layer count",
+              "mask_token_id": "model.drafter.mask_token_id",
+              "vocab_size": "the target's vocabulary",
+              "num_heads": "the target's attention heads",
+              "num_kv_heads": "the target's KV heads",
+              "head_dim": "the target's head_dim",
+              "intermediate_size": "the target's intermediate size"}
+
+
+def check_compatible(loaded: DrafterSpec, want: DrafterSpec, where: str) -> None:
+    """Refuse a drafter whose shape or serving contract differs from the run's, naming
+    the first differing field (its weights would not fit, or would mean something else)."""
+    for name, key in MUST_MATCH.items():
+        a, b = getattr(loaded, name), getattr(want, name)
+        if (list(a) if isinstance(a, (list, tuple)) else a) != \
+                (list(b) if isinstance(b, (list, tuple)) else b):
+            raise DataError(f"{where}: {name} is {a} there but {b} in this run ({key}); "
+                            "a warm start needs the same drafter shape and serving contract")
 
 
 def load_drafter(path: str | Path, device="cpu") -> DFlashDrafter:

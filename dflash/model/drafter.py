@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dflash.errors import ConfigError
 from dflash.model.masks import (ChunkedMask, block_mask, chunked_attention, chunked_block_mask,
                                 flex_block_mask)
 
@@ -41,7 +42,7 @@ class DrafterSpec:
     @classmethod
     def from_target(cls, target, cfg) -> "DrafterSpec":
         tc = target.config
-        mask = cfg.mask_token_id if cfg.mask_token_id is not None else target.vocab_size - 1
+        mask = mask_token_id(cfg, target.vocab_size)
         return cls(hidden_size=tc.hidden_size, num_layers=cfg.num_layers,
                    num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
                    head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
@@ -52,6 +53,16 @@ class DrafterSpec:
                    rope_theta=float(getattr(tc, "rope_theta", None)
                                     or (getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 1e6)),
                    max_position_embeddings=getattr(tc, "max_position_embeddings", 40960))
+
+
+def mask_token_id(cfg, vocab_size: int) -> int:
+    """The drafter's mask token: `model.drafter.mask_token_id`, or the last embedding
+    row when unset (a padded row no tokenizer emits); it must index the embedding."""
+    mask = cfg.mask_token_id if cfg.mask_token_id is not None else vocab_size - 1
+    if not 0 <= int(mask) < vocab_size:
+        raise ConfigError(f"model.drafter.mask_token_id={mask} is outside the target's "
+                          f"embedding of {vocab_size} rows")
+    return int(mask)
 
 
 class RMSNorm(nn.Module):

@@ -23,9 +23,24 @@ class _StopForward(Exception):
 
 def default_layer_ids(num_layers: int, count: int = 5) -> list[int]:
     """`count` layers spread evenly from layer 1 to L-3 (Qwen3-8B: [1, 9, 17, 25, 33])."""
-    last = max(1, num_layers - 3)
-    count = max(1, min(count, last))
-    return sorted({int(round(x)) for x in np.linspace(1, last, count)})
+    # never the last layer (see check_not_last_layer); tiny targets fall back to L-2
+    last = num_layers - 3 if num_layers > 3 else max(0, num_layers - 2)
+    first = min(1, last)
+    count = max(1, min(count, last - first + 1))
+    return sorted({int(round(x)) for x in np.linspace(first, last, count)})
+
+
+def check_not_last_layer(layer_ids, num_layers: int, key: str) -> None:
+    """The last layer is not a tap a drafter can be served with: HF's
+    `output_hidden_states` gives it after the final norm, serving engines capture layer
+    outputs inside their layer loop (before it), and a public converter drops the last
+    layer from the taps, so the drafter would be trained on one thing and served another."""
+    if num_layers - 1 in [int(i) for i in layer_ids]:
+        raise ConfigError(
+            f"{key}={list(layer_ids)} taps layer {num_layers - 1}, the target's last: serving "
+            "engines read it before the final norm and converters drop it, so a drafter "
+            f"trained on it is served something else; tap layers 0..{num_layers - 2} (the "
+            f"public drafters tap 1..L-3, here up to {max(1, num_layers - 3)})")
 
 
 def build_tiny_qwen3(cfg) -> nn.Module:
@@ -99,6 +114,7 @@ class Target(nn.Module):
         bad = [i for i in self.layer_ids if not 0 <= i < n]
         if bad:
             raise ConfigError(f"model.target.layer_ids {bad} outside the target's {n} layers")
+        check_not_last_layer(self.layer_ids, n, "model.target.layer_ids")
 
     @classmethod
     def from_config(cls, cfg) -> "Target":
@@ -129,12 +145,7 @@ class Target(nn.Module):
             if st is None:  # another thread's forward, or no capture running
                 return
             captured, stop_early, last = st
-            h = output[0] if isinstance(output, tuple) else output
-            if i == len(self.base.layers) - 1 and hasattr(self.base, "norm"):
-                # readers of `output_hidden_states` (the reference trainer, serving
-                # engines) get the last layer after the final norm: so does dflash
-                h = self.base.norm(h)
-            captured[i] = h
+            captured[i] = output[0] if isinstance(output, tuple) else output
             if stop_early and i == last:
                 raise _StopForward
         return hook

@@ -18,6 +18,7 @@ from dflash.data.build import Data, load_data
 from dflash.data.overlong import apply_to_lengths
 from dflash.data.synthetic import synthetic_lengths
 from dflash.errors import ConfigError, DataError
+from dflash.model.drafter import mask_token_id
 from dflash.model.target import Target, target_vocab_size
 
 
@@ -64,6 +65,7 @@ def build_sources(cfg, progress: bool = True) -> Sources:
         raise DataError("training needs token data: data.source=lengths only plans "
                         "(use data=world, synthetic or tokenized)")
     data.dataset.check_vocab(vocab)
+    data.dataset.check_absent(mask_token_id(cfg.model.drafter, vocab), "model.drafter.mask_token_id")
     n_eval = int(cfg.eval.num_prompts) if cfg.eval.enabled else 0
     if n_eval >= len(data.lengths):
         raise ConfigError(f"eval.num_prompts={n_eval} leaves no training samples of "

@@ -15,16 +15,15 @@ from dflash import resume as state
 from dflash.errors import DataError
 
 
-def _args(cache, run, *extra):
+def _args(cache, run, *extra, cadence="checkpoint.every_steps=5"):
     return [sys.executable, "-m", "dflash.train", *WORLD, f"data.cache_dir={cache}",
             "eval.enabled=false", "logger.progress=false", "epochs=2", "optim.max_steps=40",
-            "checkpoint.every_steps=5", "pipeline.depth=2", "warmup=none", f"hydra.run.dir={run}",
-            *extra]
+            cadence, "pipeline.depth=2", "warmup=none", f"hydra.run.dir={run}", *extra]
 
 
-def _finish(cache, run, *extra):
-    proc = subprocess.run(_args(cache, run, *extra), cwd=REPO, text=True, capture_output=True,
-                          timeout=300)
+def _finish(cache, run, *extra, cadence="checkpoint.every_steps=5"):
+    proc = subprocess.run(_args(cache, run, *extra, cadence=cadence), cwd=REPO, text=True,
+                          capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((run / "summary.json").read_text())
 
@@ -88,6 +87,36 @@ def test_interrupted_run_resumes_exactly(tmp_path, world_cache, reference, how):
     ref_weights, ref_seen = reference
     assert seen == ref_seen and len(seen) == 40 and len(set(map(tuple, seen))) == 40
     assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
+
+
+def test_a_wall_clock_cadence_bounds_the_work_a_kill_loses(tmp_path, world_cache, reference):
+    """checkpoint.every_minutes alone (no step cadence): a kill -9 loses at most that
+    much wall clock (plus the step in flight), and the rerun still ends exactly."""
+    run, minutes = tmp_path / "run", 0.02  # 1.2 s
+    cadence = f"checkpoint.every_minutes={minutes}"
+    proc = subprocess.Popen(_args(world_cache, run, "checkpoint.every_steps=0", cadence=cadence),
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ckpts = run / "checkpoints"
+    _wait_for(ckpts, proc)
+    t0 = time.time()
+    while len(list(ckpts.glob("step-*"))) < 2:
+        assert proc.poll() is None and time.time() - t0 < 200, "fewer than 2 timed saves"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    killed = time.time()
+    proc.communicate(timeout=120)
+    saves = sorted(ckpts.glob("step-*"))
+    newest = max(p.stat().st_mtime for p in saves)
+    step_seconds = 1.5  # generous: one step of this world on 2 cores is ~0.1 s
+    assert killed - newest <= 60 * minutes + step_seconds, (killed - newest, saves)
+    steps = [int(p.name.split("-")[1]) for p in saves]
+    assert steps == sorted(steps) and steps[-1] < 40  # saved by the clock, not at the end
+    summary = _finish(world_cache, run, "resume=auto", "checkpoint.every_steps=0", cadence=cadence)
+    assert summary["resumed_from"] and summary["steps"] == 40
+    weights, seen = _final(run)  # seen: up to the newest (timed) save
+    assert seen == reference[1][:len(seen)] and len(seen) >= steps[-1]
+    assert all(torch.equal(weights[k], reference[0][k]) for k in reference[0])
 
 
 def test_resume_under_a_changed_plan_is_refused(tmp_path, world_cache):

@@ -1,5 +1,6 @@
 """The main job end to end: the real entry point, the world, and what the summary says."""
 import json
+import re
 
 import pytest
 import torch
@@ -27,8 +28,9 @@ def trained_run(tmp_path_factory, world_cache):
     """One run of the real entry point, long enough for the drafter to take off; the
     entry-point test reads its files, the ablation test its drafter."""
     run = tmp_path_factory.mktemp("entry") / "run"
-    run_module("dflash.train", *WORLD, f"data.cache_dir={world_cache}", *TAKEOFF,
-               "logger.log_every=5", f"hydra.run.dir={run}")
+    proc = run_module("dflash.train", *WORLD, f"data.cache_dir={world_cache}", *TAKEOFF,
+                      "logger.log_every=5", f"hydra.run.dir={run}")
+    (run / "stderr.txt").write_text(proc.stderr)  # the progress bar's last state
     return run
 
 
@@ -55,6 +57,65 @@ def test_train_entry_point_end_to_end(trained_run):
     assert (run / "resolved_config.yaml").exists() and (run / ".hydra" / "config.yaml").exists()
     prompts = (run / "eval_prompts.jsonl").read_text().splitlines()
     assert len(prompts) == 6 and "prompt_ids" in json.loads(prompts[0])
+    # the bar counts to the steps the run takes, and gets there
+    bars = re.findall(r"train bucketed:\s+(\d+)%\|[^|]*\|\s*(\d+)/(\d+)",
+                      (run / "stderr.txt").read_text())
+    assert bars and bars[-1] == ("100", str(summary["steps"]), str(summary["steps"])), bars[-1:]
+
+
+def test_acceptance_is_reported_side_by_side_and_decoding_matches_its_estimate(trained_run):
+    summary = json.loads((trained_run / "summary.json").read_text())
+    gap = summary["acceptance"]
+    assert gap["heldout_decoded"] == summary["acceptance_length"]
+    for k in ("train_teacher_forced", "heldout_teacher_forced", "heldout_decode_path"):
+        assert gap[k] > 1.5, gap
+    tf, path = gap["heldout_teacher_forced_per_position"], gap["heldout_decode_path_per_position"]
+    assert len(tf) == len(path) == len(gap["heldout_decoded_per_position"]) == 15
+    assert all(a >= b for a, b in zip(tf, tf[1:]))
+    # served as trained, the teacher-forced walk over the tokens decoding produced takes
+    # the steps decoding took (fp32: only a near-tie could move one)
+    assert gap["heldout_decode_path"] == pytest.approx(gap["heldout_decoded"], rel=0.02), gap
+    assert gap["heldout_decode_path_per_position"] == pytest.approx(
+        gap["heldout_decoded_per_position"], abs=0.03)
+    assert gap["warning"] is None
+
+
+def test_a_drafter_served_with_another_mask_token_is_flagged(tmp_path, cache, trained_run):
+    import dataclasses
+    from dflash.eval.decode import evaluate
+    from dflash.eval.teacher_forced import acceptance_gap, teacher_forced_acceptance
+    runner = _runner(cache, tmp_path, [*TAKEOFF, "warmup=none"])
+    drafter = runner.drafter
+    drafter.load_state_dict(load_drafter(trained_run / "drafter").state_dict())
+    prompts = runner.sources.eval_prompts
+    served = evaluate(runner.target, drafter, prompts, 32)  # as trained: the reference
+    tf = teacher_forced_acceptance(runner.target, drafter,
+                                   [list(map(int, p)) + t for p, t in zip(prompts, served.tokens)],
+                                   [len(p) for p in prompts])
+    drafter.spec = dataclasses.replace(drafter.spec, mask_token_id=5)  # an engine's other id
+    wrong = evaluate(runner.target, drafter, prompts, 32).as_dict()
+    gap = acceptance_gap(None, tf, wrong, 0.0)
+    assert wrong["acceptance_length"] < served.acceptance_length - 0.5
+    assert gap["warning"] and "mask token" in gap["warning"], gap
+
+
+def test_a_run_warm_started_from_a_drafter_starts_where_it_ended(tmp_path, cache, trained_run):
+    done = json.loads((trained_run / "summary.json").read_text())
+    r = _runner(cache, tmp_path, [*TAKEOFF, f"model.drafter.init={trained_run / 'drafter'}",
+                                  "optim.max_steps=2", "warmup=none"])
+    summary = r.run()
+    # the same prompts decoded by the same weights: the same acceptance
+    assert summary["initial_acceptance_length"] == pytest.approx(done["acceptance_length"], abs=1e-9)
+    # the first step's loss is the trained drafter's, not a fresh one's
+    assert summary["initial_loss"] < 0.25 * done["initial_loss"], (summary["initial_loss"], done)
+    assert summary["initial_loss"] < 3 * done["final_loss"] + 0.2, (summary["initial_loss"], done)
+
+
+def test_a_warm_start_of_another_shape_names_the_field(tmp_path, cache, trained_run):
+    from dflash.errors import DataError
+    with pytest.raises(DataError, match=r"model.drafter.init=.*block_size is 16 there but 8"):
+        _runner(cache, tmp_path, [f"model.drafter.init={trained_run / 'drafter'}",
+                                  "model.drafter.block_size=8"])
 
 
 def _runner(cache, out, overrides):

@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dflash.config import TargetConfig
-from dflash.errors import DataError
+from dflash.errors import ConfigError, DataError
 from dflash.model.checkpoint import load_drafter, save_drafter
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.target import Target
@@ -17,7 +17,7 @@ from dflash.model.target import Target
 # every field differs from its default, so a field dropped on save or load shows
 SPEC = DrafterSpec(hidden_size=48, num_layers=2, num_heads=6, num_kv_heads=3, head_dim=16,
                    intermediate_size=80, vocab_size=300, num_target_layers=7,
-                   target_layer_ids=[1, 3, 6], block_size=8, mask_token_id=297,
+                   target_layer_ids=[1, 3, 5], block_size=8, mask_token_id=297,
                    rms_norm_eps=1e-5, rope_theta=5e6, max_position_embeddings=12345,
                    attention_bias=True)
 
@@ -85,14 +85,64 @@ def test_configs_dflash_cannot_run_faithfully_are_refused(tmp_path, edit, messag
         load_drafter(path)
 
 
-def test_every_target_layer_matches_output_hidden_states():
+def test_every_tappable_layer_matches_output_hidden_states():
     t = Target.from_config(OmegaConf.structured(TargetConfig()))
     n = len(t.base.layers)
-    t = Target(t.lm, list(range(n)))  # the last layer included
+    t = Target(t.lm, list(range(n - 1)))  # every layer a drafter may be served
     ids = torch.randint(3, 500, (2, 11))
     ref = t.lm(ids, output_hidden_states=True).hidden_states
     ctx = t.context(ids).split(t.hidden_size, dim=-1)
-    for i in range(n):
+    for i in range(n - 1):
         torch.testing.assert_close(ctx[i], ref[i + 1], msg=f"layer {i}")
     _, full = t.logits_and_context(ids)
     torch.testing.assert_close(full, torch.cat(ctx, dim=-1))
+
+
+def test_the_last_layer_is_refused_as_a_tap_naming_the_key():
+    t = Target.from_config(OmegaConf.structured(TargetConfig()))
+    n = len(t.base.layers)
+    with pytest.raises(ConfigError, match=rf"model.target.layer_ids=.*taps layer {n - 1}.*final norm"):
+        Target(t.lm, [1, n - 1])
+
+
+def test_a_checkpoint_tapping_the_last_layer_is_refused(tmp_path):
+    _, path = _saved(tmp_path, edit=lambda c: c["dflash_config"].update(target_layer_ids=[1, 3, 6]))
+    with pytest.raises(DataError, match=r"target_layer_ids.*last"):
+        load_drafter(path)
+
+
+def test_a_causal_checkpoint_is_refused_naming_the_key(tmp_path):
+    _, path = _saved(tmp_path, edit=lambda c: c.update(is_causal=True))
+    with pytest.raises(DataError, match=r"is_causal"):
+        load_drafter(path)
+
+
+def test_bf16_export_is_half_the_size_says_so_and_loads(tmp_path):
+    torch.manual_seed(0)
+    d = DFlashDrafter(SPEC)
+    full = save_drafter(d, tmp_path / "fp32", dtype=torch.float32)
+    half = save_drafter(d, tmp_path / "bf16", dtype=torch.bfloat16)
+    cfg = json.loads((half / "config.json").read_text())
+    assert cfg["dtype"] == cfg["torch_dtype"] == "bfloat16"
+    assert json.loads((full / "config.json").read_text())["dtype"] == "float32"
+    ratio = (half / "model.safetensors").stat().st_size / (full / "model.safetensors").stat().st_size
+    assert 0.49 < ratio < 0.52
+    back = load_drafter(half)
+    for k, v in d.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[k].float(), v.to(torch.bfloat16).float())
+
+
+def test_export_dtype_auto_is_bf16_on_cuda_only():
+    from dflash.model.checkpoint import export_dtype
+    assert export_dtype("auto", "cuda:0") is torch.bfloat16
+    assert export_dtype("auto", "cpu") is torch.float32
+    assert export_dtype("bfloat16", "cpu") is torch.bfloat16
+
+
+def test_an_incompatible_warm_start_names_the_field():
+    from dflash.model.checkpoint import check_compatible
+    check_compatible(SPEC, dataclasses.replace(SPEC), "init")
+    for field, value in [("block_size", 16), ("target_layer_ids", [1, 2, 5]),
+                         ("mask_token_id", 299), ("vocab_size", 400), ("num_layers", 3)]:
+        with pytest.raises(DataError, match=rf"init: {field} is .* in this run"):
+            check_compatible(SPEC, dataclasses.replace(SPEC, **{field: value}), "init")

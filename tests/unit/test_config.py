@@ -68,3 +68,25 @@ def test_train_experiments_compose(exp):
         for s in doc["hydra"]["sweeper"]["params"]["shuffle"].split(","):
             _compose("train", [f"experiment={exp}", f"shuffle={s}"])
         assert cfg.logger.mode in ("offline", "disabled")  # no account needed
+
+
+def test_qwen3_8b_uses_the_published_mask_token():
+    # the public Qwen3-8B DFlash drafters and trainers use 151669, not the last row
+    cfg = _compose("train", ["model=qwen3_8b"])
+    assert cfg.model.drafter.mask_token_id == 151669
+
+
+def test_a_mask_token_outside_the_embedding_is_refused_naming_the_key():
+    from dflash.errors import ConfigError
+    from dflash.model.drafter import mask_token_id
+    cfg = OmegaConf.create({"mask_token_id": None})
+    assert mask_token_id(cfg, 500) == 499
+    for bad in (500, -1):
+        with pytest.raises(ConfigError, match=rf"model.drafter.mask_token_id={bad} is outside"):
+            mask_token_id(OmegaConf.create({"mask_token_id": bad}), 500)
+
+
+def test_production_checkpoints_on_a_clock_and_resumes():
+    cfg = _compose("train", ["experiment=production"])
+    assert cfg.checkpoint.every_minutes > 0 and str(cfg.resume) == "auto"
+    assert str(cfg.checkpoint.dtype) == "bfloat16"

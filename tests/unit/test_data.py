@@ -163,3 +163,11 @@ def test_prepare_with_workers_matches_single_process(tmp_path, chat_tokenizer):
     bad.write_text(f.read_text() + '{"messages": [{"role": "user"}]}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:151: message 0 needs 'role' and a string"):
         prepare(bad, chat_tokenizer, tmp_path / "b", workers=2, bad_lines="error")
+
+
+def test_a_set_holding_the_mask_token_is_refused_naming_the_sample(tmp_path):
+    ds = _write(tmp_path / "m", [[1, 2, 3], [4, 5], [6, 97, 97], [97]])
+    with pytest.raises(DataError, match=r"sample 2 holds token id 97, the drafter's mask token "
+                                        r"\(model.drafter.mask_token_id; 3 occurrences"):
+        ds.check_absent(97, "model.drafter.mask_token_id")
+    ds.check_absent(98, "model.drafter.mask_token_id")  # absent: passes

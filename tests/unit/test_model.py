@@ -200,3 +200,9 @@ def test_bfloat16_path_runs_as_on_gpu():
     # so exact equality with greedy decoding is only asserted in fp32 (above)
     res = speculative_generate(t, d, ids[0, :10], 12)
     assert len(res.tokens) == 12 and all(1 <= n <= 16 for n in res.accept_lengths)
+
+
+@pytest.mark.parametrize("n", range(2, 41))
+def test_default_taps_never_name_the_last_layer(n):
+    ids = default_layer_ids(n)
+    assert ids and max(ids) <= n - 2 and min(ids) >= 0
