@@ -168,6 +168,28 @@ def compiled_dynamic(dev):
     return _compiled(dev, "dynamic")
 
 
+@check("step_cost_profile_and_prediction")
+def step_cost(dev):
+    """Profile the step on this GPU (bf16 target, autocast drafter), then train with the
+    cost file and compare the predicted to the measured training time."""
+    from dflash.config import compose
+    from dflash.loggers import Logger
+    from dflash.profile import run_profile
+    topo = ["topology=single_gpu"] if dev.type == "cuda" else []
+    out = tempfile.mkdtemp()
+    common = [*TINY, *topo, "optim.max_steps=60", "warmup=all", "warmup.pad_to_multiple=64"]
+    prof = run_profile(compose("profile", [*common, f"profile.out={out}/cost.json",
+                                           "profile.max_shapes=16"]), out)
+    r = _runner(["optim.max_steps=60", "warmup=all", "warmup.pad_to_multiple=64",
+                 f"cost={out}/cost.json"], out)
+    s = r.train(Logger())
+    err = s["predicted_train_seconds"] / s["train_seconds"] - 1
+    held = prof["fit"].get("heldout_mean_abs_error", float("nan"))
+    return (f"{prof['num_points']} shapes, held-out error {100 * held:.1f}%; "
+            f"{s['steps']} steps predicted {s['predicted_train_seconds']:.2f}s, measured "
+            f"{s['train_seconds']:.2f}s ({100 * err:+.1f}%)")
+
+
 @check("nccl_pairs_torchrun")
 def nccl(dev):
     n = torch.cuda.device_count() if dev.type == "cuda" else 0
@@ -191,7 +213,8 @@ def main() -> int:
     if dev.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, "
               f"{torch.cuda.device_count()} GPU(s)", flush=True)
-    for fn in (triton_ce, flex, bf16, pipeline, compiled_static, compiled_dynamic, nccl):
+    for fn in (triton_ce, flex, bf16, pipeline, compiled_static, compiled_dynamic, step_cost,
+               nccl):
         fn(dev)
     failed = [r for r in RESULTS if r.startswith("FAIL")]
     print(f"{len(RESULTS) - len(failed)}/{len(RESULTS)} checks without failure")

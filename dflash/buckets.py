@@ -17,11 +17,14 @@ import logging
 from pathlib import Path
 
 import hydra
+import numpy as np
 import yaml
 from omegaconf import DictConfig
 
 from dflash import config
-from dflash.batching.bucket_fit.optimal import build_cost_table, choose_auto, optimal_fits, predict, simulate
+from dflash.batching.bucket_fit.optimal import (build_cost_table, choose_auto, optimal_fits, predict,
+                                                simulate, simulate_seconds)
+from dflash.batching.step_cost import load_cost_file
 from dflash.batching.bucket_fit.refine import refine_by_simulation
 from dflash.errors import DataError, user_errors_exit
 from dflash.batching.metrics import format_table
@@ -82,6 +85,11 @@ def run_buckets(cfg: DictConfig) -> dict:
         "fitted_on": data.info.get("path", data.info.get("source")),
         "auto": k == "auto",
     }
+    if cfg.cost:
+        result["time_fit"] = fit_to_time(cfg, lengths, spec, k, result)
+        result["boundaries"] = result["time_fit"]["boundaries"]
+        result["num_buckets"] = result["time_fit"]["num_buckets"]
+        result["simulated_efficiency"] = result["time_fit"]["simulated_efficiency"]
     if cfg.out:
         write_preset(Path(cfg.out), result, cfg.name)
     if cfg.plot:
@@ -90,6 +98,51 @@ def run_buckets(cfg: DictConfig) -> dict:
                  title=f"{fit.num_buckets} buckets: simulated {sim['efficiency']:.4f} "
                        f"(model {predicted:.4f})")
     return result
+
+
+def fit_to_time(cfg: DictConfig, lengths, spec: PackingSpec, k, padding: dict) -> dict:
+    """Boundaries minimising the predicted epoch time under a step cost model (the same
+    DP over the same chain, each batch costing its step's predicted seconds), measured
+    against the padding-optimal ones by exact simulation of the planner."""
+    model, doc = load_cost_file(cfg.cost)
+    anchors = int(cfg.anchors if cfg.anchors is not None else model.bounds.get("anchors", 1))
+    pad = int(cfg.pad_to_multiple)
+    table = build_cost_table(lengths, spec, int(cfg.candidates), time_model=model,
+                             anchors=anchors, progress=True)
+    k_max = min(int(cfg.auto_max), table.num_bins) if k == "auto" else k
+    fits = optimal_fits(table, k_max)
+    sims = [simulate_seconds(lengths, f.boundaries, spec, model, anchors, 1, int(cfg.seed), pad)
+            for f in fits]
+    if k == "auto":  # the fastest fit within the shape budget
+        ok = [i for i, s in enumerate(sims)
+              if cfg.max_shapes is None or s["distinct_shapes"] <= int(cfg.max_shapes)]
+        if not ok:
+            raise DataError(f"max_shapes={cfg.max_shapes}: even one bucket runs at "
+                            f"{sims[0]['distinct_shapes']} distinct shapes; raise it or round "
+                            "lengths coarser (pad_to_multiple)")
+        best = min(ok, key=lambda i: sims[i]["seconds_per_epoch"])
+    else:
+        best = len(fits) - 1
+    fit, sim = fits[best], sims[best]
+    boundaries = fit.boundaries.copy()
+    boundaries[-1] = max(int(boundaries[-1]), int(cfg.data.max_seq_len) + 1)
+    padding_bounds = np.asarray(padding["boundaries"], dtype=np.int64)
+    return {"boundaries": boundaries.tolist(), "num_buckets": fit.num_buckets, **sim,
+            "simulated_efficiency": simulate(lengths, fit.boundaries, spec, 2, int(cfg.seed))["efficiency"],
+            "padding_fit": simulate_seconds(lengths, padding_bounds, spec, model, anchors, 1,
+                                            int(cfg.seed), pad),
+            "anchors": anchors, "device": doc["identity"].get("device"), "cost": str(cfg.cost)}
+
+
+def format_time_fit(t: dict) -> str:
+    p = t["padding_fit"]
+    return "\n".join([
+        f"fitted to time with {t['cost']} ({t['device']}, {t['anchors']} anchor slots):",
+        f"{'fit':>8} {'buckets':>8} {'s/epoch':>9} {'real tok/s':>11} {'shapes':>7}",
+        f"{'time':>8} {t['num_buckets']:>8} {t['seconds_per_epoch']:>9.2f} "
+        f"{t['real_tokens_per_second']:>11,.0f} {t['distinct_shapes']:>7}",
+        f"{'padding':>8} {'':>8} {p['seconds_per_epoch']:>9.2f} "
+        f"{p['real_tokens_per_second']:>11,.0f} {p['distinct_shapes']:>7}"])
 
 
 def write_preset(path: Path, result: dict, name: str | None) -> None:
@@ -135,6 +188,8 @@ def format_result(result: dict) -> str:
 def main(cfg: DictConfig) -> None:
     result = run_buckets(cfg)
     print(format_result(result))
+    if result.get("time_fit"):
+        print(format_time_fit(result["time_fit"]))
     if cfg.out:
         print(f"preset: {cfg.out}")
     if cfg.plot:

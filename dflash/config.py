@@ -300,13 +300,32 @@ class TrainConfig:
     resume: str = "never"
     seed: int = 0
     epochs: int = 1
+    # a step cost file (python -m dflash.profile): training logs predicted next to
+    # measured step time; refused when measured on other hardware or model sizes
+    cost: Optional[str] = None
+
+
+@dataclass
+class ProfileSettings:
+    out: str = "cost.json"
+    reps: int = 3  # timed repetitions per shape (after one untimed)
+    max_shapes: int = 24  # warm shapes profiled (plus anchor and row variants)
+    holdout_every: int = 4  # every 4th point held out to report the fit's error
+
+
+@dataclass
+class ProfileConfig(TrainConfig):
+    """The training run's schema plus where and how much to profile."""
+    profile: ProfileSettings = field(default_factory=ProfileSettings)
 
 
 @dataclass
 class PlanConfig(TrainConfig):
     """The training run's schema plus the plan app's own keys: every training experiment
     composes with `python -m dflash.plan` and reports the plan that run would train on."""
-    anchors: int = 512  # anchor slots of the shape report (model.drafter.num_anchors)
+    # anchor slots of the shape report and the cost prediction; None: the run's
+    # model.drafter.num_anchors
+    anchors: Optional[int] = None
     lengths_file: Optional[str] = None
     epochs: int = 2
     seed: int = 0
@@ -332,6 +351,13 @@ class BucketsAppConfig:
     name: Optional[str] = None
     plot: Optional[str] = None
     seed: int = 0
+    # fit to time instead of padding: a step cost file (python -m dflash.profile); the
+    # anchor slots per row (None: the profiled maximum), warmup's length rounding, and
+    # a cap on distinct (rows, length) shapes for num_buckets=auto (None: no cap)
+    cost: Optional[str] = None
+    anchors: Optional[int] = None
+    pad_to_multiple: int = 1
+    max_shapes: Optional[int] = None
 
 
 @dataclass
@@ -378,6 +404,7 @@ def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="plan_schema", node=PlanConfig)
+    cs.store(name="profile_schema", node=ProfileConfig)
     cs.store(name="buckets_schema", node=BucketsAppConfig)
     cs.store(name="eval_schema", node=EvalAppConfig)
     for group, node in _GROUPS.items():

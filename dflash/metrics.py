@@ -60,14 +60,18 @@ class Meter:
     known on the host from the plan) and per-stage timings."""
 
     def __init__(self, every: int, total_steps: int, device: torch.device,
-                 totals: tuple[int, int, int] = (0, 0, 0)):
+                 totals: tuple[int, int, int] = (0, 0, 0), predict=None):
         self.every, self.total_steps = max(1, int(every)), int(total_steps)
         self.interval, self.times = StepMetrics(), StageTimes()
         self.clock = DrafterClock(device)
         self.tokens, self.padded, self.samples = (int(x) for x in totals)
         self.t0 = time.perf_counter()
+        self.t_flush = self.t0  # measured step time: wall clock between syncs
         self.excluded = 0.0  # seconds spent evaluating during training
         self.last: dict = {}
+        # predict(shape) -> seconds from a step cost file (None: no prediction)
+        self.predict = predict
+        self.predicted_interval = self.predicted_total = 0.0
 
     @property
     def totals(self) -> tuple[int, int, int]:
@@ -86,6 +90,10 @@ class Meter:
         self.tokens += int(item.batch.num_tokens)
         self.padded += int(item.shape.tokens)
         self.samples += item.batch.batch_size
+        if self.predict is not None:
+            p = self.predict(item.shape)
+            self.predicted_interval += p
+            self.predicted_total += p
 
     def due(self, step: int) -> bool:
         return step == 1 or step % self.every == 0 or step == self.total_steps
@@ -94,6 +102,12 @@ class Meter:
         """Interval means (one device -> host copy), stage times and rates so far."""
         rec = self.interval.flush()
         rec.update(self.times.flush(self.clock))
+        now, steps = time.perf_counter(), max(1, rec.get("steps", 0))
+        rec["step_seconds"] = (now - self.t_flush) / steps
+        self.t_flush = now
+        if self.predict is not None:
+            rec["predicted_step_seconds"] = self.predicted_interval / steps
+            self.predicted_interval = 0.0
         elapsed = self.elapsed()
         rec.update(epoch=epoch, tokens_per_second=self.tokens / elapsed,
                    padded_tokens_per_second=self.padded / elapsed, elapsed=elapsed)
@@ -106,6 +120,7 @@ class Meter:
     def exclude(self, seconds: float) -> None:
         """Time spent on something other than training (evaluation) does not count."""
         self.t0 += seconds
+        self.t_flush += seconds
         self.excluded += seconds
 
 

@@ -16,15 +16,18 @@ import logging
 from pathlib import Path
 
 import hydra
+import torch
 from omegaconf import DictConfig
 
 from dflash import config
 from dflash.batching.boundaries import resolve_boundaries
 from dflash.batching.packed_rows import anchor_slots_per_row
 from dflash.batching.report import format_report, plan_report
+from dflash.batching.step_cost import MODEL_FIELDS, load_cost_file, predict_steps
 from dflash.batching.strategies import build_planner
 from dflash.options import choice
 from dflash.data.build import Data, load_data
+from dflash.warmup.profile import run_identity
 from dflash.warmup.shapes import build_shape_plan, format_shape_report
 from dflash.errors import user_errors_exit
 
@@ -61,14 +64,52 @@ def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
     report["buckets_preset"] = cfg.buckets.name
     report["data"] = data.info
     report["settings"] = run_settings(cfg)
-    anchors = int(cfg.anchors)
+    anchors = int(cfg.anchors if cfg.anchors is not None else cfg.model.drafter.num_anchors)
     if planner.strategy == "packed":
         anchors = report["anchors_per_row"] = anchor_slots_per_row(
             data.lengths, anchors, planner.spec.row_len, int(cfg.batching.anchors_per_row))
     # the closed shape set training would warm for these plans (`warmup=...`)
-    report["warmup"] = build_shape_plan([planner.epoch(e) for e in range(int(cfg.epochs))],
-                                        cfg.warmup, anchors).report()
+    plans = [planner.epoch(e) for e in range(int(cfg.epochs))]
+    shape_plan = build_shape_plan(plans, cfg.warmup, anchors)
+    report["warmup"] = shape_plan.report()
+    if cfg.cost:
+        report["cost"] = predicted_cost(cfg, shape_plan, plans)
     return report
+
+
+def predicted_cost(cfg: DictConfig, shape_plan, plans) -> dict:
+    """Per epoch: the step cost model's time for every batch at the shape it runs at,
+    summed, and the real tokens per second that gives. The model sizes must match the
+    cost file's (the hardware is the file's: plans are often made away from the GPUs)."""
+    identity = run_identity(cfg, torch.device("cpu"))
+    expect = {k: identity[k] for k in MODEL_FIELDS}
+    model, doc = load_cost_file(cfg.cost, expect)
+    epochs = []
+    for plan in plans:
+        pred = predict_steps(model, *shape_plan.run_arrays(plan.epoch))
+        tokens = int(plan.num_tokens.sum())
+        epochs.append({"epoch": plan.epoch, "steps": plan.num_batches,
+                       "predicted_seconds": pred["total_seconds"],
+                       "real_tokens_per_second": tokens / max(pred["total_seconds"], 1e-12),
+                       "extrapolated_steps": pred["extrapolated_steps"]})
+    secs = sum(e["predicted_seconds"] for e in epochs)
+    return {"file": str(cfg.cost), "device": doc["identity"].get("device"),
+            "fit": doc.get("fit", {}), "epochs": epochs,
+            "predicted_seconds_per_epoch": secs / max(1, len(epochs)),
+            "real_tokens_per_second": sum(int(p.num_tokens.sum()) for p in plans) / max(secs, 1e-12),
+            "extrapolated_steps": sum(e["extrapolated_steps"] for e in epochs)}
+
+
+def format_cost(c: dict) -> str:
+    held = c["fit"].get("heldout_mean_abs_error")
+    lines = [f"predicted on {c['device']} ({c['file']}"
+             + (f", held-out error {100 * held:.1f}%" if held is not None else "") + "): "
+             f"{c['predicted_seconds_per_epoch']:.1f} s per epoch, "
+             f"{c['real_tokens_per_second']:,.0f} real tokens/s"]
+    if c["extrapolated_steps"]:
+        lines.append(f"WARNING: {c['extrapolated_steps']} steps run at shapes outside the "
+                     "profiled range: their time is extrapolated (profile with this plan)")
+    return "\n".join(lines)
 
 
 def run_plan(cfg: DictConfig) -> dict:
@@ -101,6 +142,8 @@ def main(cfg: DictConfig) -> None:
     report = run_plan(cfg)
     print(format_report(report))
     print(format_shape_report(report["warmup"]))
+    if report.get("cost"):
+        print(format_cost(report["cost"]))
     for name in ("report", "plot"):
         if cfg[name]:
             print(f"{name}: {cfg[name]}")

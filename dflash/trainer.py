@@ -36,6 +36,7 @@ from dflash.eval.decode import evaluate
 from dflash.eval.teacher_forced import acceptance_gap, teacher_forced_acceptance
 from dflash.loggers import build_logger
 from dflash.metrics import Meter, NonFiniteGuard
+from dflash.batching.step_cost import load_cost_file
 from dflash.model.checkpoint import check_compatible, export_dtype, load_drafter
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import Objective
@@ -49,6 +50,7 @@ from dflash.sources import build_sources
 from dflash.step import StepPolicy, TrainStep, seeded_generator
 from dflash.topology import build_topology, replica_digests
 from dflash.warmup.monitor import CompileMonitor
+from dflash.warmup.profile import run_identity
 from dflash.warmup.run import configure_compile, use_compile_caches, warm, warm_ranks
 from dflash.warmup.shapes import build_shape_plan
 
@@ -325,7 +327,7 @@ class Trainer:
         monitor.start()
         pipe = self.pipeline()
         meter = Meter(self.cfg.logger.log_every, self.total_steps, self.topo.drafter_device,
-                      saved["totals"] if saved else (0, 0, 0))
+                      saved["totals"] if saved else (0, 0, 0), predict=self.step_cost())
         guard, stop, preempted = NonFiniteGuard(self.cfg.optim.max_skips), SignalStop(self.topo), None
         bar = self.progress_bar(progress.step)
         for epoch in range(progress.start[0], self.num_epochs):
@@ -393,11 +395,29 @@ class Trainer:
                 "acceptance_length": point["acceptance_length"]})
             logger.log_eval(point, step)
 
+    def step_cost(self):
+        """`cost=FILE`: seconds per run shape from a step cost file measured on this
+        hardware and model (refused otherwise, naming the differing field)."""
+        if not self.cfg.get("cost"):
+            return None
+        model, _ = load_cost_file(self.cfg.cost, run_identity(self.cfg, self.topo.drafter_device))
+        cache: dict = {}
+
+        def predict(shape) -> float:
+            if shape not in cache:
+                cache[shape] = float(model.seconds(shape.batch_size, shape.seq_len, shape.anchors)[0])
+                if model.outside(shape.batch_size, shape.seq_len, shape.anchors)[0]:
+                    log.warning("shape %s is outside the profiled range of %s: its step time "
+                                "is extrapolated", shape.as_list(), self.cfg.cost)
+            return cache[shape]
+        return predict
+
     def train_summary(self, progress, meter, guard, monitor, warmed, preempted, depth) -> dict:
         seconds = meter.elapsed()
         last = meter.last
         self.batches_seen, self.eval_curve = progress.batches_seen, progress.eval_curve
-        return {"steps": progress.step, "samples_seen": meter.samples, "preempted": preempted,
+        predicted = {"predicted_train_seconds": meter.predicted_total} if meter.predict else {}
+        return {**predicted, "steps": progress.step, "samples_seen": meter.samples, "preempted": preempted,
                 "skipped_steps": [s for s, _ in guard.skipped],
                 "resumed_from": progress.resumed_from,
                 "tokens_per_second": meter.tokens / seconds,

@@ -183,6 +183,16 @@ class ShapePlan:
             self._map[key] = hit
         return hit
 
+    def run_arrays(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, padded length, anchor slots) each planned batch runs at (int64), over
+        the run or one epoch: what a step cost model prices."""
+        sh = self.shapes
+        sel = np.ones(len(sh.epoch), bool) if epoch is None else sh.epoch == epoch
+        run = [self.run_shape(b, s) for b, s in zip(sh.batch_size[sel].tolist(), sh.seq_len[sel].tolist())]
+        return (np.asarray([r.batch_size for r in run], np.int64),
+                np.asarray([r.seq_len for r in run], np.int64),
+                np.asarray([r.anchors for r in run], np.int64))
+
     def num_run_shapes(self) -> int:
         """Distinct shapes the run will meet (what a static compile builds graphs for)."""
         pairs = set(zip(self.shapes.batch_size.tolist(), self.shapes.seq_len.tolist()))

@@ -64,9 +64,11 @@ def _chain(values, probs, start, token_budget, cap, cost_values):
 
 
 def bucket_costs_from(lo: int, values, weights, token_budget: int, cap: int,
-                      cost_values=None, refine: int = 1) -> np.ndarray:
+                      cost_values=None, refine: int = 1, per_batch: float = 0.0) -> np.ndarray:
     """Expected padded cost per sample for buckets [lo, hi) for every hi > lo (bin indices).
 
+    `per_batch`: a fixed cost of every batch (a step's overhead in a time model); each
+    renewal cycle of the chain is one batch, so it adds per_batch / E[batch size].
     Returns an array of length G - lo: entry j is bucket bins [lo, lo + j + 1).
     """
     values = np.asarray(values[lo:], dtype=np.float64)
@@ -80,7 +82,7 @@ def bucket_costs_from(lo: int, values, weights, token_budget: int, cap: int,
     for _ in range(refine + 1):
         e_cost, e_size, overflow = _chain(values, probs, start, token_budget, cap, cv)
         start = overflow / np.maximum(overflow.sum(axis=1, keepdims=True), 1e-300)
-    return e_cost / e_size
+    return (e_cost + per_batch) / e_size
 
 
 def histogram_bins(lengths: np.ndarray, max_bins: int):

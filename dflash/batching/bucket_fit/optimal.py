@@ -51,14 +51,36 @@ def slot_cost(values: np.ndarray, quadratic: float) -> np.ndarray:
     return values + quadratic * values * values
 
 
+def row_seconds(values, time_model, anchors: int) -> np.ndarray:
+    """Seconds one row of padded length L adds to a step under a step cost model
+    (everything but the per-step term)."""
+    L = np.asarray(values, dtype=np.float64)
+    return time_model.seconds(np.ones_like(L), L, anchors) - time_model.coef[0]
+
+
 def build_cost_table(lengths, spec: PackingSpec, candidates: int = 256,
-                     quadratic: float = 0.0, progress: bool = False) -> CostTable:
+                     quadratic: float = 0.0, progress: bool = False,
+                     time_model=None, anchors: int = 0) -> CostTable:
+    """The all-pairs table of expected bucket costs: padded token slots (optionally with
+    an attention term), or with `time_model` (a step cost model) predicted seconds:
+    per-step overhead plus each row's cost at the batch's padded length."""
     lengths = check_lengths(lengths)
     check_fits_budget(lengths, spec.token_budget)
     if candidates < 2:
         raise DataError(f"candidates must be >= 2, got {candidates}")
     edges, values, counts, tokens = histogram_bins(lengths, candidates)
     g = len(counts)
+    if time_model is not None:
+        cv = row_seconds(values, time_model, anchors)
+        idx = np.searchsorted(edges, lengths, side="right") - 1
+        useful = np.bincount(idx, weights=row_seconds(lengths, time_model, anchors), minlength=g)
+        padded = np.full((g + 1, g + 1), np.inf)
+        for a in tqdm(range(g), desc="bucket times", disable=not progress):
+            per_sample = bucket_costs_from(a, values, counts, spec.token_budget,
+                                           spec.max_batch_size, cost_values=cv,
+                                           per_batch=float(time_model.coef[0]))
+            padded[a, a + 1:] = np.maximum(per_sample * np.cumsum(counts[a:]), np.cumsum(useful[a:]))
+        return CostTable(edges, counts, useful, padded, quadratic)
     cv = slot_cost(values, quadratic)
     if quadratic:
         idx = np.searchsorted(edges, lengths, side="right") - 1
@@ -148,6 +170,25 @@ def predict(lengths, boundaries, spec: PackingSpec, quadratic: float = 0.0,
         useful_all, padded_all = useful_all + useful, padded_all + padded
         rows.append(useful / padded)
     return useful_all / padded_all, rows
+
+
+def simulate_seconds(lengths, boundaries, spec: PackingSpec, time_model, anchors: int,
+                     epochs: int = 1, seed: int = 0, pad_to_multiple: int = 1) -> dict:
+    """Exact predicted time of the real bucketed planner's epochs: the step cost model
+    summed over every batch at its padded length (rounded up to `pad_to_multiple`, as
+    warmup rounds it), with the real tokens and the distinct shapes that gives."""
+    planner = Planner("bucketed", lengths, boundaries, spec, seed=seed)
+    secs, tokens, shapes = [], 0, set()
+    for e in range(epochs):
+        plan = planner.epoch(e)
+        m = max(1, int(pad_to_multiple))
+        L = -(-plan.seq_len // m) * m
+        secs.append(float(time_model.seconds(plan.batch_sizes, L, anchors).sum()))
+        tokens += int(plan.num_tokens.sum())
+        shapes |= set(zip(plan.batch_sizes.tolist(), L.tolist()))
+    return {"seconds_per_epoch": float(np.mean(secs)),
+            "real_tokens_per_second": tokens / max(sum(secs), 1e-12),
+            "distinct_shapes": len(shapes)}
 
 
 def simulate(lengths, boundaries, spec: PackingSpec, epochs: int = 2, seed: int = 0,

@@ -1,0 +1,83 @@
+"""The step cost model: it recovers a known cost function, predicts a plan's time as the
+sum of its batches' costs, flags extrapolation and refuses a file measured elsewhere."""
+import json
+
+import numpy as np
+import pytest
+
+from dflash.batching.bucket_fit.optimal import build_cost_table, optimal_fits, simulate_seconds
+from dflash.batching.step_cost import (CostModel, fit_cost_model, fit_with_holdout,
+                                       load_cost_file, predict_steps, write_cost_file)
+from dflash.batching.strategies import PackingSpec, Planner
+from dflash.errors import DataError
+
+TRUE = np.array([2e-3, 1e-4, 3e-7, 2e-10, 5e-6, 1e-9])  # step, row, token, attn, anchor, ctx
+
+
+def _points(rng, n=60, noise=0.0):
+    rows = rng.integers(1, 65, n)
+    lens = rng.integers(16, 4097, n)
+    anchors = rng.choice([64, 128, 256, 512], n)
+    secs = CostModel(TRUE).seconds(rows, lens, anchors) * (1 + noise * rng.standard_normal(n))
+    return [{"rows": int(r), "seq_len": int(L), "anchors": int(a), "seconds": float(s)}
+            for r, L, a, s in zip(rows, lens, anchors, secs)]
+
+
+def test_the_fit_recovers_a_known_cost_function():
+    pts = _points(np.random.default_rng(0))
+    cols = [np.array([p[k] for p in pts]) for k in ("rows", "seq_len", "anchors", "seconds")]
+    m = fit_cost_model(*cols)
+    np.testing.assert_allclose(m.coef, TRUE, rtol=1e-4)
+    # with 3% timing noise the held-out error stays near the noise
+    model, fit = fit_with_holdout(_points(np.random.default_rng(1), noise=0.03))
+    assert fit["heldout_mean_abs_error"] < 0.05 and fit["num_heldout"] > 10
+    assert (model.coef >= 0).all()
+
+
+def test_a_plan_is_predicted_as_the_sum_of_its_batches_and_extrapolation_is_flagged():
+    m = CostModel(TRUE, {"rows": 16, "seq_len": 1024, "anchors": 512, "tokens": 8192})
+    rows, lens = np.array([16, 8, 2, 32]), np.array([256, 1024, 900, 256])
+    pred = predict_steps(m, rows, lens, 512)
+    each = [TRUE @ [1, r, r * L, r * L * L, r * 512, r * 512 * L] for r, L in zip(rows, lens)]
+    assert pred["total_seconds"] == pytest.approx(sum(each), rel=1e-12)
+    assert pred["extrapolated_steps"] == 1  # 32 rows: beyond the profiled 16
+
+
+def test_a_cost_file_from_elsewhere_names_the_differing_field(tmp_path):
+    ident = {"device": "NVIDIA H100", "device_count": 8, "target_dtype": "bfloat16",
+             "autocast": "bf16", "target_hidden_size": 4096, "target_num_layers": 36,
+             "vocab_size": 151936, "drafter_num_layers": 1, "block_size": 16,
+             "compile": "dynamic", "step_kind": "padded"}
+    path = write_cost_file(tmp_path / "c.json", ident, CostModel(TRUE), [], {})
+    load_cost_file(path, dict(ident))
+    for field, value in [("device", "NVIDIA H200"), ("target_hidden_size", 2048),
+                         ("block_size", 8), ("step_kind", "packed")]:
+        with pytest.raises(DataError, match=rf"{field} is .* there but .* in this run"):
+            load_cost_file(path, {**ident, field: value})
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(DataError, match="bad.json is corrupt"):
+        load_cost_file(tmp_path / "bad.json")
+    with pytest.raises(DataError, match="not found"):
+        load_cost_file(tmp_path / "none.json")
+    doc = json.loads(path.read_text())
+    doc["model"]["terms"] = ["step", "row"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    with pytest.raises(DataError, match="terms"):
+        load_cost_file(tmp_path / "old.json")
+
+
+def test_time_fitted_buckets_are_never_slower_than_padding_fitted_ones():
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(6.5, 0.8, 20000), 16, 8000).astype(np.int64)
+    spec = PackingSpec(token_budget=16384, max_batch_size=32)
+    # a step with a large fixed overhead: fewer, fuller batches pay off more than padding
+    model = CostModel(np.array([5e-2, 1e-4, 1e-7, 1e-10, 0.0, 0.0]))
+    pad = optimal_fits(build_cost_table(lengths, spec, 64), 4)[-1]
+    timed = optimal_fits(build_cost_table(lengths, spec, 64, time_model=model, anchors=1), 4)[-1]
+    s_pad = simulate_seconds(lengths, pad.boundaries, spec, model, 1)
+    s_time = simulate_seconds(lengths, timed.boundaries, spec, model, 1)
+    assert s_time["seconds_per_epoch"] <= s_pad["seconds_per_epoch"] * 1.01
+    # and the exact simulation prices every batch of the real planner
+    plan = Planner("bucketed", lengths, timed.boundaries, spec, seed=0).epoch(0)
+    assert s_time["seconds_per_epoch"] == pytest.approx(
+        float(model.seconds(plan.batch_sizes, plan.seq_len, 1).sum()), rel=1e-12)
