@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 from dflash.batching.boundaries import COMPUTED
 from dflash.batching.distributed import REMAINDERS
@@ -20,6 +20,7 @@ from dflash.data.build import SOURCES
 from dflash.data.overlong import POLICIES as OVERLONG
 from dflash.kernels.lm_head_loss import LOSS_IMPLS
 from dflash.model.drafter import ATTENTION_BACKENDS
+from dflash.generation.requests import TURNS
 from dflash.model.checkpoint import EXPORT_DTYPES
 from dflash.model.loss import LOSS_NORMS
 from dflash.step import AUTOCAST, NONFINITE
@@ -46,6 +47,10 @@ LoggerMode = options("LoggerMode", ("online", "offline", "disabled"))
 Autocast = options("Autocast", AUTOCAST)
 LossNorm = options("LossNorm", LOSS_NORMS)
 ExportDtype = options("ExportDtype", EXPORT_DTYPES)
+RegenBackend = options("RegenBackend", ("local", "openai"))
+RegenTurns = options("RegenTurns", TURNS)
+TruncatedPolicy = options("TruncatedPolicy", ("keep", "drop"))
+BadLines = options("BadLines", ("skip", "error"))
 
 
 @dataclass
@@ -361,6 +366,49 @@ class BucketsAppConfig:
 
 
 @dataclass
+class RegenBatching:
+    token_budget: int = 65536  # prompt + max_new_tokens summed over a batch's rows
+    max_batch_size: int = 64
+
+
+@dataclass
+class OpenAISettings:
+    base_url: str = "http://localhost:8000/v1"
+    model: str = "default"
+    api_key_env: str = "OPENAI_API_KEY"  # the key is read from this variable
+    concurrency: int = 16  # requests in flight
+    timeout: float = 120.0  # seconds per request
+    retries: int = 3  # per request, with the client's backoff
+
+
+@dataclass
+class RegenerateConfig:
+    """`python -m dflash.regenerate`: the target writes the replies its drafter learns."""
+    inputs: List[str] = MISSING  # chat JSONL files (the formats prepare reads)
+    out: str = MISSING  # chat JSONL written; OUT.parts/ holds the resumable parts
+    tokenizer: Optional[str] = None  # None: model.target.path
+    model: ModelConfig = field(default_factory=ModelConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    backend: RegenBackend = RegenBackend.local
+    openai: OpenAISettings = field(default_factory=OpenAISettings)
+    turns: RegenTurns = RegenTurns.last
+    # passed to the chat template (local) or as chat_template_kwargs (server), e.g.
+    # {enable_thinking: false} for Qwen3
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 2048
+    max_seq_len: int = 8192  # prompt + max_new_tokens; longer prompts are skipped
+    truncated: TruncatedPolicy = TruncatedPolicy.keep  # a reply that hit max_new_tokens
+    bad_lines: BadLines = BadLines.skip
+    batching: RegenBatching = field(default_factory=RegenBatching)
+    drafter: Optional[str] = None  # a trained dflash drafter: speculative, greedy only
+    seed: int = 0
+    progress: bool = True
+
+
+@dataclass
 class EvalAppConfig:
     drafter: Optional[str] = None  # a checkpoint dir in the public DFlash layout
     prompts: Optional[str] = None  # JSONL with "prompt_ids", or a dflash data set dir
@@ -405,6 +453,7 @@ def register() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="plan_schema", node=PlanConfig)
     cs.store(name="profile_schema", node=ProfileConfig)
+    cs.store(name="regenerate_schema", node=RegenerateConfig)
     cs.store(name="buckets_schema", node=BucketsAppConfig)
     cs.store(name="eval_schema", node=EvalAppConfig)
     for group, node in _GROUPS.items():

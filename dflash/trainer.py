@@ -402,14 +402,21 @@ class Trainer:
             return None
         model, _ = load_cost_file(self.cfg.cost, run_identity(self.cfg, self.topo.drafter_device))
         cache: dict = {}
+        last = [None]
 
         def predict(shape) -> float:
+            """This step's predicted seconds; a shape change from the last step costs
+            the profiled switch time too."""
             if shape not in cache:
-                cache[shape] = float(model.seconds(shape.batch_size, shape.seq_len, shape.anchors)[0])
+                same, switched = model.run_seconds([shape.batch_size] * 2, [shape.seq_len] * 2,
+                                                   shape.anchors)[::-1]
+                cache[shape] = (float(same), float(switched))
                 if model.outside(shape.batch_size, shape.seq_len, shape.anchors)[0]:
                     log.warning("shape %s is outside the profiled range of %s: its step time "
                                 "is extrapolated", shape.as_list(), self.cfg.cost)
-            return cache[shape]
+            seconds = cache[shape][0 if shape == last[0] else 1]
+            last[0] = shape
+            return seconds
         return predict
 
     def train_summary(self, progress, meter, guard, monitor, warmed, preempted, depth) -> dict:

@@ -40,12 +40,29 @@ def features(rows, seq_len, anchors) -> np.ndarray:
 
 @dataclass
 class CostModel:
-    coef: np.ndarray  # float64 [6], seconds per unit of each term
+    coef: np.ndarray  # float64 [6], seconds per unit of each term (a repeated shape)
     # the profiled range: max rows, max length, max anchors, max rows x length
     bounds: dict = field(default_factory=dict)
+    # extra seconds of a step whose shape differs from the previous step's (same terms;
+    # None: not profiled)
+    switch: np.ndarray | None = None
 
     def seconds(self, rows, seq_len, anchors) -> np.ndarray:
+        """Seconds of a step at each shape, repeating the previous step's shape."""
         return features(rows, seq_len, anchors) @ self.coef
+
+    def run_seconds(self, rows, seq_len, anchors) -> np.ndarray:
+        """Seconds of each step of a run in order: a step whose shape differs from the
+        previous one also pays the switch cost (the first step counts as a switch)."""
+        r = np.asarray(rows, dtype=np.int64).ravel()
+        L = np.asarray(seq_len, dtype=np.int64).ravel()
+        a = np.broadcast_to(np.asarray(anchors, dtype=np.int64), r.shape).ravel()
+        sec = self.seconds(r, L, a)
+        if self.switch is not None and len(r):
+            changed = np.ones(len(r), dtype=bool)
+            changed[1:] = (r[1:] != r[:-1]) | (L[1:] != L[:-1]) | (a[1:] != a[:-1])
+            sec = sec + changed * (features(r, L, a) @ self.switch)
+        return sec
 
     def outside(self, rows, seq_len, anchors) -> np.ndarray:
         """bool per shape: beyond the profiled range in any dimension (extrapolated)."""
@@ -61,13 +78,16 @@ class CostModel:
 
     def as_dict(self) -> dict:
         return {"terms": list(TERMS), "coef": [float(c) for c in self.coef],
+                "switch": None if self.switch is None else [float(c) for c in self.switch],
                 "bounds": {k: int(v) for k, v in self.bounds.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
         if list(d.get("terms", [])) != list(TERMS):
             raise DataError(f"cost model terms {d.get('terms')} are not dflash's {list(TERMS)}")
-        return cls(np.asarray(d["coef"], dtype=np.float64), dict(d.get("bounds", {})))
+        sw = d.get("switch")
+        return cls(np.asarray(d["coef"], dtype=np.float64), dict(d.get("bounds", {})),
+                   None if sw is None else np.asarray(sw, dtype=np.float64))
 
 
 def fit_cost_model(rows, seq_len, anchors, seconds) -> CostModel:
@@ -95,9 +115,24 @@ def relative_errors(model: CostModel, rows, seq_len, anchors, seconds) -> np.nda
     return model.seconds(rows, seq_len, anchors) / y - 1.0
 
 
+def _fit_switch(points: list[dict]) -> np.ndarray | None:
+    """The switch cost: non-negative least squares (absolute) of switch_seconds minus
+    seconds over the points that carry both."""
+    from scipy.optimize import nnls
+    pts = [p for p in points if "switch_seconds" in p]
+    if len(pts) < len(TERMS):
+        return None
+    X = features([p["rows"] for p in pts], [p["seq_len"] for p in pts], [p["anchors"] for p in pts])
+    y = np.asarray([p["switch_seconds"] - p["seconds"] for p in pts], dtype=np.float64)
+    scale = np.maximum(np.abs(X).max(axis=0), 1e-300)
+    coef, _ = nnls(X / scale, y)
+    return coef / scale
+
+
 def fit_with_holdout(points: list[dict], holdout_every: int = 4) -> tuple[CostModel, dict]:
     """Fit on all but every `holdout_every`-th point (by time order of size), report the
-    error on those, then refit on all points (the model the file keeps)."""
+    error on those, then refit on all points (the model the file keeps), with the
+    switch cost when the points carry it."""
     pts = sorted(points, key=lambda p: p["seconds"])
     cols = lambda ps: [np.asarray([p[k] for p in ps]) for k in ("rows", "seq_len", "anchors", "seconds")]  # noqa: E731
     held = [p for i, p in enumerate(pts) if holdout_every and i % holdout_every == holdout_every // 2]
@@ -109,8 +144,12 @@ def fit_with_holdout(points: list[dict], holdout_every: int = 4) -> tuple[CostMo
         report.update({"heldout_mean_abs_error": float(np.mean(np.abs(err))),
                        "heldout_max_abs_error": float(np.max(np.abs(err)))})
     full = fit_cost_model(*cols(pts))
+    full.switch = _fit_switch(pts)
     err = relative_errors(full, *cols(pts))
     report["fit_mean_abs_error"] = float(np.mean(np.abs(err)))
+    if full.switch is not None:
+        sw = [p for p in pts if "switch_seconds" in p]
+        report["mean_switch_seconds"] = float(np.mean([p["switch_seconds"] - p["seconds"] for p in sw]))
     return full, report
 
 
@@ -151,8 +190,9 @@ def load_cost_file(path, expect: dict | None = None) -> tuple[CostModel, dict]:
 
 
 def predict_steps(model: CostModel, rows, seq_len, anchors) -> dict:
-    """Per-step predicted seconds of a run, their sum, and how many were extrapolated."""
-    sec = model.seconds(rows, seq_len, anchors)
+    """Per-step predicted seconds of a run (in step order: shape switches count), their
+    sum, and how many steps were extrapolated."""
+    sec = model.run_seconds(rows, seq_len, anchors)
     out = model.outside(rows, seq_len, anchors)
     return {"seconds": sec, "total_seconds": float(sec.sum()),
             "extrapolated_steps": int(out.sum())}

@@ -223,7 +223,7 @@ def speculative_decode(target, proposer, prompts, max_new_tokens: int = 64,
             torch.softmax(p0 / temperature, -1), gen)
         alive = list(chunk)  # prompt index of each row still in the batch
         while alive:
-            if isinstance(proposer, NgramProposer):
+            if hasattr(proposer, "drafts"):  # proposes token ids (n-gram, prompt lookup)
                 drafts, q = proposer.drafts(sess, current), None
             else:
                 dl = proposer.logits(sess, current)

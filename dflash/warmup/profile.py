@@ -89,26 +89,36 @@ def profile_shapes(warm: list, token_budget: int, max_rows: int, max_shapes: int
 
 def time_shapes(step, shapes, vocab_size: int, drafter_device, reps: int = 3,
                 packed: bool = False, progress: bool = False) -> list[dict]:
-    """Median seconds of the whole step per shape. One untimed pass first, then `reps`
-    timed rounds over all shapes in turn: a machine that drifts (clocks, other load)
-    then moves every shape alike instead of biasing the ones timed last."""
+    """Per shape, the median seconds of the whole step run twice in a row: the first
+    call follows another shape (`switch_seconds`: kernels, caches and allocator blocks
+    change shape), the second repeats it (`seconds`). A plan that keeps its shape from
+    step to step (sorted) pays the second, one that changes it every step (random) the
+    first. One untimed round first, then `reps` rounds over all shapes in turn, so a
+    machine that drifts moves every shape alike."""
     from tqdm.auto import tqdm
     cuda = drafter_device.type == "cuda"
     batches = [dummy_batch(s, vocab_size, step.target_device, packed=packed) for s in shapes]
-    times = [[] for _ in shapes]
-    bar = tqdm(total=(reps + 1) * len(shapes), desc="profile", unit="step", disable=not progress)
+    first, again = [[] for _ in shapes], [[] for _ in shapes]
+
+    def timed(b) -> float:
+        if cuda:
+            torch.cuda.synchronize(drafter_device)
+        t = time.perf_counter()
+        step(b)
+        if cuda:
+            torch.cuda.synchronize(drafter_device)
+        return time.perf_counter() - t
+
+    bar = tqdm(total=(reps + 1) * len(shapes), desc="profile", unit="shape", disable=not progress)
     for rnd in range(reps + 1):
         for i, b in enumerate(batches):
-            if cuda:
-                torch.cuda.synchronize(drafter_device)
-            t = time.perf_counter()
-            step(b)
-            if cuda:
-                torch.cuda.synchronize(drafter_device)
+            t1, t2 = timed(b), timed(b)
             if rnd:
-                times[i].append(time.perf_counter() - t)
+                first[i].append(t1)
+                again[i].append(t2)
             bar.update(1)
     bar.close()
     return [{"rows": s.batch_size, "seq_len": s.seq_len, "anchors": s.anchors,
-             "seconds": float(np.median(t)), "spread": float(np.max(t) - np.min(t))}
-            for s, t in zip(shapes, times)]
+             "seconds": float(np.median(t2)), "switch_seconds": float(np.median(t1)),
+             "spread": float(np.max(t2) - np.min(t2))}
+            for s, t1, t2 in zip(shapes, first, again)]

@@ -183,7 +183,7 @@ def simulate_seconds(lengths, boundaries, spec: PackingSpec, time_model, anchors
         plan = planner.epoch(e)
         m = max(1, int(pad_to_multiple))
         L = -(-plan.seq_len // m) * m
-        secs.append(float(time_model.seconds(plan.batch_sizes, L, anchors).sum()))
+        secs.append(float(time_model.run_seconds(plan.batch_sizes, L, anchors).sum()))
         tokens += int(plan.num_tokens.sum())
         shapes |= set(zip(plan.batch_sizes.tolist(), L.tolist()))
     return {"seconds_per_epoch": float(np.mean(secs)),

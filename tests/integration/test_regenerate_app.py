@@ -1,0 +1,196 @@
+"""`python -m dflash.regenerate`: local target and an OpenAI-compatible server on
+loopback; output that prepare reads; resume after kill -9; bad input named."""
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.helpers.paths import REPO
+from tests.helpers.run import run_module
+
+VOCAB = 208  # the chat_tokenizer fixture's vocabulary
+
+
+def _chats(n, turns=1, start=0):
+    out = []
+    for i in range(start, start + n):
+        msgs = []
+        for t in range(turns):
+            msgs += [{"role": "user", "content": " ".join(f"w{(i * 7 + t + k) % 200}" for k in range(3 + i % 5))},
+                     {"role": "assistant", "content": f"w{i % 200} w{(i + 1) % 200}"}]
+        out.append({"id": i, "messages": msgs})
+    return out
+
+
+def _jsonl(path, rows, extra=b""):
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows) + extra)
+    return path
+
+
+def _args(tok, inp, out, *extra):
+    return [f"inputs=[{inp}]", f"out={out}", f"tokenizer={tok}", f"model.target.vocab_size={VOCAB}",
+            "max_new_tokens=12", "max_seq_len=64", "progress=false",
+            f"hydra.run.dir={out.parent / 'hydra'}", *extra]
+
+
+def test_local_greedy_regeneration_feeds_prepare(tmp_path, chat_tokenizer):
+    inp = _jsonl(tmp_path / "in.jsonl", _chats(10), extra=b"{broken\n" + json.dumps(
+        {"messages": [{"role": "user", "content": " ".join(["w1"] * 80)},
+                      {"role": "assistant", "content": "w2"}]}).encode() + b"\n")
+    out = tmp_path / "regen.jsonl"
+    proc = run_module("dflash.regenerate", *_args(chat_tokenizer, inp, out,
+                                                  "batching.token_budget=128",
+                                                  "batching.max_batch_size=4"))
+    assert "10 of 12 conversations written" in proc.stdout, proc.stdout
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(10))  # input order, ids kept
+    for r in rows:
+        assert r["messages"][-1]["role"] == "assistant"
+        assert r["finish_reason"] in ("stop", "length") and 1 <= r["generated_tokens"] <= 12
+    report = json.loads((tmp_path / "regen.jsonl.report.json").read_text())
+    assert report["lines_skipped"] == 2
+    reasons = {s["where"]: s["reason"] for s in report["skipped"]}
+    assert "invalid JSON" in reasons[f"{inp}:11"] and "overlong prompt" in reasons[f"{inp}:12"]
+    # the target's own greedy continuation, token for token (HF generate, no cache tricks)
+    from transformers import AutoTokenizer
+    from omegaconf import OmegaConf
+    from dflash.config import TargetConfig
+    from dflash.model.target import Target
+    import torch
+    tok = AutoTokenizer.from_pretrained(str(chat_tokenizer))
+    target = Target.from_config(OmegaConf.structured(TargetConfig(vocab_size=VOCAB))).eval()
+    src = _chats(10)
+    for i in (0, 7):
+        text = tok.apply_chat_template(src[i]["messages"][:-1], tokenize=False, add_generation_prompt=True)
+        ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+        stop = [tok.convert_tokens_to_ids("<|im_end|>")]
+        want = target.lm.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=stop,
+                                  pad_token_id=0)[0, ids.shape[1]:].tolist()
+        want = want[:want.index(stop[0])] if stop[0] in want else want
+        assert rows[i]["messages"][-1]["content"] == tok.decode(want).strip()
+    # prepare reads it unchanged
+    from dflash.data.prepare import prepare
+    prepare(out, chat_tokenizer, tmp_path / "data")
+    assert (tmp_path / "data" / "meta.json").exists()
+
+
+def test_a_killed_run_resumes_without_generating_twice(tmp_path, chat_tokenizer):
+    inp = _jsonl(tmp_path / "in.jsonl", _chats(24))
+    args = _args(chat_tokenizer, inp, tmp_path / "a.jsonl", "batching.max_batch_size=2",
+                 "batching.token_budget=64")
+    proc = subprocess.Popen([sys.executable, "-m", "dflash.regenerate", *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parts = tmp_path / "a.jsonl.parts" / "round-0"
+    t0 = time.time()
+    while len(list(parts.glob("part-*.jsonl"))) < 2:
+        assert proc.poll() is None and time.time() - t0 < 200
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = len(list(parts.glob("part-*.jsonl")))
+    assert not (tmp_path / "a.jsonl").exists()
+    run_module("dflash.regenerate", *args)
+    report = json.loads((tmp_path / "a.jsonl.report.json").read_text())
+    assert report["batches_resumed"] == before and report["batches_this_run"] + before == 12
+    ref = tmp_path / "ref.jsonl"
+    run_module("dflash.regenerate", *_args(chat_tokenizer, inp, ref, "batching.max_batch_size=2",
+                                           "batching.token_budget=64"))
+    assert (tmp_path / "a.jsonl").read_text() == ref.read_text()
+    # a rerun with other settings does not mix into these parts
+    bad = run_module("dflash.regenerate", *args[:-1], "max_new_tokens=8", args[-1], check=False)
+    assert bad.returncode == 2 and "max_new_tokens differs" in bad.stderr
+
+
+class _Server(BaseHTTPRequestHandler):
+    seen, failed, inflight, peak, lock = [], set(), 0, 0, threading.Lock()
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls = type(self)
+        with cls.lock:
+            cls.inflight += 1
+            cls.peak = max(cls.peak, cls.inflight)
+        time.sleep(0.05)
+        key = json.dumps(body["messages"])
+        with cls.lock:
+            cls.inflight -= 1
+            first = key not in cls.failed
+            cls.failed.add(key)
+        if first:  # every request fails once: the client must retry it
+            self.send_response(500)
+            self.end_headers()
+            return
+        cls.seen.append(body)
+        last = body["messages"][-1]["content"]
+        reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                 "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                     "role": "assistant", "content": f"re: {last}",
+                     "reasoning_content": "thought"}}],
+                 "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_openai_backend_each_turn_with_retries_and_bounded_concurrency(tmp_path, chat_tokenizer):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        inp = _jsonl(tmp_path / "in.jsonl", _chats(6, turns=2))
+        out = tmp_path / "o.jsonl"
+        run_module("dflash.regenerate", *_args(chat_tokenizer, inp, out, "backend=openai",
+                   f"openai.base_url=http://127.0.0.1:{srv.server_port}/v1", "openai.concurrency=3",
+                   "openai.retries=2", "turns=each", "+chat_template_kwargs.enable_thinking=false"))
+    finally:
+        srv.shutdown()
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 6 and all(r["finish_reasons"] == ["stop", "stop"] for r in rows)
+    m = rows[0]["messages"]
+    assert m[1]["content"] == f"re: {m[0]['content']}" and m[1]["reasoning_content"] == "thought"
+    assert m[3]["content"] == f"re: {m[2]['content']}"
+    # turn 2 was asked with the regenerated turn 1 in its prompt
+    second = [b for b in _Server.seen if len(b["messages"]) == 3]
+    assert len(second) == 6 and all(b["messages"][1]["content"].startswith("re: ") for b in second)
+    assert all(b["chat_template_kwargs"] == {"enable_thinking": False} for b in _Server.seen)
+    assert 1 < _Server.peak <= 3
+
+
+def test_drafter_and_two_ranks_write_the_same_greedy_replies(tmp_path, chat_tokenizer):
+    """A dflash drafter accelerates greedy decoding without changing it, and two gloo
+    ranks under torchrun split the batches and merge one output."""
+    from omegaconf import OmegaConf
+    from dflash.config import DrafterConfig, TargetConfig
+    from dflash.model.checkpoint import save_drafter
+    from dflash.model.drafter import DFlashDrafter, DrafterSpec
+    from dflash.model.target import Target
+    target = Target.from_config(OmegaConf.structured(TargetConfig(vocab_size=VOCAB)))
+    save_drafter(DFlashDrafter(DrafterSpec.from_target(
+        target, OmegaConf.structured(DrafterConfig(block_size=4)))), tmp_path / "ckpt")
+    inp = _jsonl(tmp_path / "in.jsonl", _chats(8))
+    outs = {}
+    for name, extra, launch in [
+            ("plain", [], ["-m", "dflash.regenerate"]),
+            ("drafter", [f"drafter={tmp_path / 'ckpt'}"], ["-m", "dflash.regenerate"]),
+            ("ranks", [], ["-m", "torch.distributed.run", "--nproc_per_node=2",
+                           "--master_port=29547", "-m", "dflash.regenerate"])]:
+        out = tmp_path / name / "o.jsonl"
+        out.parent.mkdir()
+        proc = subprocess.run([sys.executable, *launch, *_args(chat_tokenizer, inp, out,
+                               "batching.max_batch_size=2", *extra)], cwd=REPO, text=True,
+                              capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs[name] = out.read_text()
+    assert outs["drafter"] == outs["plain"] and outs["ranks"] == outs["plain"]
+    parts = sorted(p.name for p in (tmp_path / "ranks" / "o.jsonl.parts" / "round-0").glob("part-*"))
+    assert len(parts) == 4  # 8 prompts, 2 a batch: both ranks wrote theirs

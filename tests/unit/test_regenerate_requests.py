@@ -1,0 +1,60 @@
+"""Which turns a regeneration asks for, with what prompt, and how replies come back."""
+import json
+
+import pytest
+
+from dflash.errors import DataError
+from dflash.generation.local import PromptLookupProposer
+from dflash.generation.requests import (num_rounds, output_record, read_conversations,
+                                        requests_for_round, split_reasoning)
+
+
+def _write(tmp_path, lines):
+    p = tmp_path / "in.jsonl"
+    p.write_bytes(b"\n".join(x if isinstance(x, bytes) else json.dumps(x).encode() for x in lines) + b"\n")
+    return p
+
+
+CHAT = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                     {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}
+
+
+def test_bad_lines_are_named_and_skipped_or_stop(tmp_path):
+    p = _write(tmp_path, [CHAT, b"{not json", {"messages": [{"role": "user", "content": "x"}]},
+                          b"\xff\xfe", {"conversations": CHAT["messages"]}])
+    convs, skipped = read_conversations([p])
+    assert len(convs) == 2 and [s["where"] for s in skipped] == [f"{p}:2", f"{p}:3", f"{p}:4"]
+    assert "no assistant turn" in skipped[1]["reason"] and "UTF-8" in skipped[2]["reason"]
+    with pytest.raises(DataError, match=rf"{p}:2: invalid JSON"):
+        read_conversations([p], "error")
+
+
+def test_each_turn_is_prompted_with_the_replies_regenerated_before_it(tmp_path):
+    convs, _ = read_conversations([_write(tmp_path, [CHAT])])
+    assert num_rounds(convs, "last") == 1 and num_rounds(convs, "each") == 2
+    last = requests_for_round(convs, "last", 0)
+    assert [r.turn for r in last] == [3] and last[0].messages[1]["content"] == "b"
+    first = requests_for_round(convs, "each", 0)
+    assert [r.turn for r in first] == [1] and len(first[0].messages) == 1
+    convs[0].replies[1] = {"role": "assistant", "content": "B"}
+    second = requests_for_round(convs, "each", 1)
+    assert second[0].messages[1]["content"] == "B"  # the regenerated reply, not the data's
+    results = {"0/1": {"finish_reason": "stop", "tokens": 3},
+               "0/3": {"finish_reason": "length", "tokens": 5}}
+    convs[0].replies[3] = {"role": "assistant", "content": "D"}
+    rec = output_record(convs[0], "each", results)
+    assert [m["content"] for m in rec["messages"]] == ["a", "B", "c", "D"]
+    assert rec["finish_reason"] == "length" and rec["generated_tokens"] == 8
+    assert rec["finish_reasons"] == ["stop", "length"]
+
+
+def test_reasoning_goes_to_reasoning_content():
+    assert split_reasoning("<think>\nlet me see\n</think>\n\n42") == {
+        "role": "assistant", "content": "42", "reasoning_content": "let me see"}
+    assert split_reasoning(" 42 ") == {"role": "assistant", "content": "42"}
+
+
+def test_prompt_lookup_drafts_what_followed_the_last_match():
+    p = PromptLookupProposer(block_size=4)
+    assert p._lookup([5, 6, 7, 8, 9, 5, 6]) == [7, 8, 9]
+    assert p._lookup([1, 2, 3]) == [3, 3, 3]  # no earlier match: repeat
