@@ -48,26 +48,61 @@ def measure(strategy: str, cost: str, overrides, tmp: str) -> dict:
             "padding_efficiency": s["padding_efficiency"]}
 
 
+def buckets_by_time(cost: str, overrides, tmp: str, k: int) -> list:
+    """Padding-fitted and time-fitted boundaries (K buckets) on the default world, each
+    trained for one epoch in this process: measured real tokens/s and shapes of each."""
+    from dflash.buckets import run_buckets
+    train = compose("train", [*QUIET, *overrides])
+    fit = run_buckets(compose("bucket_fit", [
+        "data=world", f"num_buckets={k}", f"cost={cost}",
+        f"batching.token_budget={train.batching.token_budget}",
+        f"batching.max_batch_size={train.batching.max_batch_size}",
+        f"pad_to_multiple={train.warmup.pad_to_multiple}",
+        f"anchors={train.model.drafter.num_anchors}"]))
+    t = fit["time_fit"]
+    out = []
+    for name, bounds, pred in [("padding", fit["padding_boundaries"], t["padding_fit"]),
+                               ("time", t["boundaries"], t)]:
+        cfg = compose("train", ["batching=bucketed", *QUIET, *overrides, f"cost={cost}",
+                                "buckets.kind=fixed", f"buckets.boundaries=[{','.join(map(str, bounds))}]"])
+        s = Trainer(cfg, tmp).build().run()
+        out.append({"fit": name, "boundaries": bounds, "predicted_seconds": pred["seconds_per_epoch"],
+                    "measured_seconds": s["train_seconds"], "real_tokens_per_second": s["tokens_per_second"],
+                    "distinct_shapes": s["warmup"]["distinct_run_shapes"]})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--buckets", type=int, default=0,
+                    help="also fit K buckets to padding and to time and train one epoch of each")
     args, overrides = ap.parse_known_args()
     tmp = tempfile.mkdtemp(prefix="dflash-step-cost-")
-    strategies = args.strategies.split(",")
+    strategies = [s for s in args.strategies.split(",") if s]
     costs = {False: profile(tmp, overrides, False)}
     if "packed" in strategies:
         costs[True] = profile(tmp, overrides, True)
     rows = [measure(s, costs[s == "packed"], overrides, tmp) for s in strategies]
-    print(f"{'strategy':>10} {'steps':>6} {'predicted s':>12} {'measured s':>11} {'error':>7} "
-          f"{'real tok/s':>11} {'efficiency':>10}")
-    for r in rows:
-        print(f"{r['strategy']:>10} {r['steps']:>6} {r['predicted_seconds']:>12.1f} "
-              f"{r['measured_seconds']:>11.1f} {100 * r['error']:>6.1f}% "
-              f"{r['real_tokens_per_second']:>11,.0f} {r['padding_efficiency']:>10.3f}")
+    if rows:
+        print(f"{'strategy':>10} {'steps':>6} {'predicted s':>12} {'measured s':>11} "
+              f"{'error':>7} {'real tok/s':>11} {'efficiency':>10}")
+        for r in rows:
+            print(f"{r['strategy']:>10} {r['steps']:>6} {r['predicted_seconds']:>12.1f} "
+                  f"{r['measured_seconds']:>11.1f} {100 * r['error']:>6.1f}% "
+                  f"{r['real_tokens_per_second']:>11,.0f} {r['padding_efficiency']:>10.3f}")
+    fits = buckets_by_time(costs[False], overrides, tmp, args.buckets) if args.buckets else []
+    if fits:
+        print(f"{'fit':>8} {'boundaries':>40} {'predicted s':>12} {'measured s':>11} "
+              f"{'real tok/s':>11} {'shapes':>7}")
+        for f in fits:
+            print(f"{f['fit']:>8} {str(f['boundaries']):>40} {f['predicted_seconds']:>12.2f} "
+                  f"{f['measured_seconds']:>11.2f} {f['real_tokens_per_second']:>11,.0f} "
+                  f"{f['distinct_shapes']:>7}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump({"strategies": rows, "bucket_fits": fits}, f, indent=2)
 
 
 if __name__ == "__main__":

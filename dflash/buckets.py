@@ -87,6 +87,7 @@ def run_buckets(cfg: DictConfig) -> dict:
     }
     if cfg.cost:
         result["time_fit"] = fit_to_time(cfg, lengths, spec, k, result)
+        result["padding_boundaries"] = result["boundaries"]
         result["boundaries"] = result["time_fit"]["boundaries"]
         result["num_buckets"] = result["time_fit"]["num_buckets"]
         result["simulated_efficiency"] = result["time_fit"]["simulated_efficiency"]

@@ -315,6 +315,9 @@ class ProfileSettings:
     out: str = "cost.json"
     reps: int = 3  # timed repetitions per shape (after one untimed)
     max_shapes: int = 24  # warm shapes profiled (plus anchor and row variants)
+    grid: int = 6  # lengths of the token budget's envelope profiled (full and half batches)
+    # real training steps that measure what the loop adds to the bare step (0: none)
+    calibrate_steps: int = 40
     holdout_every: int = 4  # every 4th point held out to report the fit's error
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from dflash import config
 from dflash.batching.step_cost import TERMS, fit_with_holdout, write_cost_file
@@ -37,16 +37,41 @@ def run_profile(cfg: DictConfig, out_dir) -> dict:
         warm = sorted({Shape(int(r), int(s), int(a)) for r, s, a in zip(rows, lens, anchors)},
                       key=lambda s: s.tokens)
     b = cfg.batching
-    shapes = profile_shapes(warm, int(b.token_budget), int(b.max_batch_size), int(p.max_shapes))
+    shapes = profile_shapes(warm, int(b.token_budget), int(b.max_batch_size), int(p.max_shapes),
+                            int(p.grid))
+    packed = trainer.planner.strategy == "packed"
+    # packed rows hold documents of the data's mean length (the warm run's one document
+    # per row is the most work, not the typical)
+    doc_len = int(round(float(trainer.sources.data.lengths.mean()))) if packed else 0
     points = time_shapes(trainer.train_step, shapes, int(trainer.target.vocab_size),
-                         trainer.topo.drafter_device, reps=int(p.reps),
-                         packed=trainer.planner.strategy == "packed",
-                         progress=bool(cfg.logger.progress))
+                         trainer.topo.drafter_device, reps=int(p.reps), packed=packed,
+                         progress=bool(cfg.logger.progress), doc_len=doc_len)
     model, fit = fit_with_holdout(points, int(p.holdout_every))
+    if int(p.calibrate_steps) > 0:
+        fit["calibration"] = calibrate(cfg, model, Path(out_dir) / "calibrate", int(p.calibrate_steps))
     identity = run_identity(cfg, trainer.topo.drafter_device)
     path = write_cost_file(p.out, identity, model, points, fit)
     return {"path": str(path), "identity": identity, "model": model.as_dict(), "fit": fit,
             "num_points": len(points)}
+
+
+def calibrate(cfg: DictConfig, model, out_dir: Path, steps: int) -> dict:
+    """What the training loop adds to the bare step (collating real batches, metrics,
+    bookkeeping): train `steps` real steps of this run, compare with the model's price
+    for the shapes they ran at, and fold the difference per step into the step term."""
+    from dflash.loggers import Logger
+    short = OmegaConf.merge(cfg, {"optim": {"max_steps": steps}, "eval": {"enabled": False},
+                                  "cost": None, "logger": {"progress": False}})
+    t = Trainer(short, out_dir).build()
+    s = t.train(Logger())
+    shapes = [t.shapes.for_batch(b) for e in range(t.num_epochs)
+              for b in t.shard(e).batches()][:s["steps"]]
+    predicted = float(model.run_seconds([x.batch_size for x in shapes], [x.seq_len for x in shapes],
+                                        [x.anchors for x in shapes]).sum())
+    per_step = (s["train_seconds"] - predicted) / max(1, s["steps"])
+    model.coef[0] = max(0.0, model.coef[0] + per_step)
+    return {"steps": s["steps"], "measured_seconds": s["train_seconds"],
+            "predicted_seconds": predicted, "loop_seconds_per_step": per_step}
 
 
 def format_profile(r: dict) -> str:
@@ -58,6 +83,11 @@ def format_profile(r: dict) -> str:
         lines[-1] += (f"; on {f['num_heldout']} held-out shapes mean "
                       f"{100 * f['heldout_mean_abs_error']:.1f}%, max "
                       f"{100 * f['heldout_max_abs_error']:.1f}%")
+    if "calibration" in f:
+        c = f["calibration"]
+        lines.append(f"training loop: {c['steps']} real steps took {c['measured_seconds']:.2f} s, "
+                     f"the bare step {c['predicted_seconds']:.2f} s: "
+                     f"{1e3 * c['loop_seconds_per_step']:+.1f} ms per step added to the step term")
     return "\n".join(lines)
 
 

@@ -12,7 +12,8 @@ log = logging.getLogger("dflash.comparison")
 
 COLUMNS = ("run", "seed", "strategy", "padding_efficiency", "tokens_per_second",
            "pair_repeat_rate", "length_mixing", "final_loss", "acceptance_length",
-           "acceptance_at_equal_time", "time_to_target", "train_seconds", "real_tokens")
+           "acceptance_at_equal_time", "time_to_target", "train_seconds",
+           "predicted_train_seconds", "real_tokens")
 
 
 def write_comparison(sweep_dir: Path, target: float | None = None) -> list[dict]:

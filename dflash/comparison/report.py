@@ -54,16 +54,21 @@ def format_markdown(rows: list[dict], groups: list[dict], noise: float | None) -
         for g in groups:
             if g is not best:
                 lines.append(f"  - {best['group']} vs {g['group']}: {g['verdicts'][metric]['verdict']}")
-    lines += ["", "Per job:", "", "| run | seed | accept (eval 95% CI) | s to target | real tokens | "
-              "steps |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "Per job (train s: measured, and predicted by the step cost file when the "
+              "sweep ran with cost=FILE):", "",
+              "| run | seed | accept (eval 95% CI) | s to target | real tokens | steps | train s "
+              "(predicted) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         b = r["acceptance_bootstrap"]
         acc = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] is not None else "-"
         if b:
             acc += f" ({b['lo']:.2f}–{b['hi']:.2f})"
         tt = f"{r['time_to_target']:.0f}" if r["time_to_target"] is not None else "not reached"
+        secs = f"{r['train_seconds']:.1f}" if r.get("train_seconds") is not None else "-"
+        if r.get("predicted_train_seconds") is not None:
+            secs += f" ({r['predicted_train_seconds']:.1f})"
         lines.append(f"| {r['run']} | {r['seed']} | {acc} | {tt} | {r['real_tokens']:,} | "
-                     f"{r['steps']} |")
+                     f"{r['steps']} | {secs} |")
     return "\n".join(lines) + "\n"
 
 

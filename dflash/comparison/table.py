@@ -76,6 +76,7 @@ def job_rows(jobs: list[tuple[dict, dict]], target: float | None = None) -> list
             "time_to_target": reach,
             "steps_to_target": first_crossing(c[:, 1], c[:, 3], target) if reach is not None else None,
             "train_seconds": s.get("train_seconds"), "steps": s.get("steps"),
+            "predicted_train_seconds": s.get("predicted_train_seconds"),
             "real_tokens": s.get("real_tokens"), "loss_norm": s.get("loss_norm"),
             "curve": c.tolist()})
     return rows

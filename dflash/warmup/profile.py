@@ -88,7 +88,7 @@ def profile_shapes(warm: list, token_budget: int, max_rows: int, max_shapes: int
 
 
 def time_shapes(step, shapes, vocab_size: int, drafter_device, reps: int = 3,
-                packed: bool = False, progress: bool = False) -> list[dict]:
+                packed: bool = False, progress: bool = False, doc_len: int = 0) -> list[dict]:
     """Per shape, the median seconds of the whole step run twice in a row: the first
     call follows another shape (`switch_seconds`: kernels, caches and allocator blocks
     change shape), the second repeats it (`seconds`). A plan that keeps its shape from
@@ -97,7 +97,8 @@ def time_shapes(step, shapes, vocab_size: int, drafter_device, reps: int = 3,
     machine that drifts moves every shape alike."""
     from tqdm.auto import tqdm
     cuda = drafter_device.type == "cuda"
-    batches = [dummy_batch(s, vocab_size, step.target_device, packed=packed) for s in shapes]
+    batches = [dummy_batch(s, vocab_size, step.target_device, packed=packed, doc_len=doc_len)
+               for s in shapes]
     first, again = [[] for _ in shapes], [[] for _ in shapes]
 
     def timed(b) -> float:

@@ -50,7 +50,8 @@ def configure_compile(mode: str, num_shapes: int) -> None:
     dc.fail_on_recompile_limit_hit = mode != "off"
 
 
-def dummy_batch(shape, vocab_size: int, device, seed: int = 0, packed: bool = False):
+def dummy_batch(shape, vocab_size: int, device, seed: int = 0, packed: bool = False,
+                doc_len: int = 0):
     """A full batch of the given shape: every position real and supervised, so every
     anchor slot is valid and the loss covers every row (the largest work of the shape).
     Packed runs warm with position ids too (one document per row: the most work), so
@@ -59,7 +60,9 @@ def dummy_batch(shape, vocab_size: int, device, seed: int = 0, packed: bool = Fa
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab_size, (shape.batch_size, shape.seq_len), generator=g)
     ones = torch.ones_like(ids, dtype=torch.bool)
-    pos = torch.arange(shape.seq_len).expand_as(ids).contiguous().to(device) if packed else None
+    # doc_len > 0 (the profile): documents of that length, as real packed rows hold them
+    span = torch.arange(shape.seq_len) % doc_len if doc_len > 0 else torch.arange(shape.seq_len)
+    pos = span.expand_as(ids).contiguous().to(device) if packed else None
     return DeviceBatch(None, ids.to(device), ones.to(device), ones.to(device), shape, pos)
 
 

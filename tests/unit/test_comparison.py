@@ -63,3 +63,12 @@ def test_rows_group_seeds_and_judge_against_the_best():
     assert s["verdicts"]["acceptance_length"]["verdict"] == "best"
     assert r["verdicts"]["acceptance_length"]["significant"]  # 1.0 better on every seed
     assert r["verdicts"]["time_to_target"]["against"] == "shuffle=sorted"
+
+
+def test_the_per_job_table_shows_predicted_beside_measured_time():
+    from dflash.comparison.report import format_markdown
+    jobs = [_summary(s, 3.0, [(5.0, 50, 2.0)], 10.0 + s) for s in range(2)]
+    jobs[0][1]["predicted_train_seconds"] = 9.5  # a job run with cost=FILE
+    rows = job_rows(jobs)
+    md = format_markdown(rows, group_rows(rows), None)
+    assert "| 10.0 (9.5) |" in md and "| 11.0 |" in md
