@@ -10,11 +10,14 @@ def test_profile_then_plan_and_train_with_the_cost_file(tmp_path, world_cache):
     cost = tmp_path / "cost.json"
     common = [*WORLD, f"data.cache_dir={world_cache}", "logger.progress=false"]
     run_module("dflash.profile", *common, "profile.reps=1", "profile.max_shapes=6", "profile.grid=2",
+               "profile.calibrate_steps=6",
                f"profile.out={cost}", f"hydra.run.dir={tmp_path / 'p'}")
     doc = json.loads(cost.read_text())
     assert doc["identity"]["step_kind"] == "padded" and len(doc["points"]) >= 6
     assert all(p["switch_seconds"] > 0 for p in doc["points"]) and doc["model"]["switch"] is not None
     assert all(c >= 0 for c in doc["model"]["coef"]) and "heldout_mean_abs_error" in doc["fit"]
+    cal = doc["fit"]["calibration"]  # real steps of the run, priced by the bare model
+    assert cal["steps"] == 6 and cal["measured_seconds"] > 0 and cal["predicted_seconds"] > 0
     proc = run_module("dflash.plan", "data=world", *common[:-1], "epochs=1", f"cost={cost}",
                       "batching.token_budget=4096", "batching.max_batch_size=16",
                       "warmup.pad_to_multiple=8", f"hydra.run.dir={tmp_path / 'q'}")
