@@ -16,18 +16,17 @@ import logging
 from pathlib import Path
 
 import hydra
-import torch
 from omegaconf import DictConfig
 
 from dflash import config
 from dflash.batching.boundaries import resolve_boundaries
 from dflash.batching.packed_rows import anchor_slots_per_row
 from dflash.batching.report import format_report, plan_report
-from dflash.batching.step_cost import MODEL_FIELDS, load_cost_file, predict_steps
+from dflash.batching.step_cost import load_cost_file, predict_steps
 from dflash.batching.strategies import build_planner
 from dflash.options import choice
 from dflash.data.build import Data, load_data
-from dflash.warmup.profile import run_identity
+from dflash.warmup.profile import model_identity
 from dflash.warmup.shapes import build_shape_plan, format_shape_report
 from dflash.errors import user_errors_exit
 
@@ -81,9 +80,7 @@ def predicted_cost(cfg: DictConfig, shape_plan, plans) -> dict:
     """Per epoch: the step cost model's time for every batch at the shape it runs at,
     summed, and the real tokens per second that gives. The model sizes must match the
     cost file's (the hardware is the file's: plans are often made away from the GPUs)."""
-    identity = run_identity(cfg, torch.device("cpu"))
-    expect = {k: identity[k] for k in MODEL_FIELDS}
-    model, doc = load_cost_file(cfg.cost, expect)
+    model, doc = load_cost_file(cfg.cost, model_identity(cfg))
     epochs = []
     for plan in plans:
         pred = predict_steps(model, *shape_plan.run_arrays(plan.epoch))

@@ -408,9 +408,9 @@ class Trainer:
             """This step's predicted seconds; a shape change from the last step costs
             the profiled switch time too."""
             if shape not in cache:
-                same, switched = model.run_seconds([shape.batch_size] * 2, [shape.seq_len] * 2,
-                                                   shape.anchors)[::-1]
-                cache[shape] = (float(same), float(switched))
+                dims = (shape.batch_size, shape.seq_len, shape.anchors)
+                same = float(model.seconds(*dims)[0])
+                cache[shape] = (same, same + float(model.switch_seconds(*dims)[0]))
                 if model.outside(shape.batch_size, shape.seq_len, shape.anchors)[0]:
                     log.warning("shape %s is outside the profiled range of %s: its step time "
                                 "is extrapolated", shape.as_list(), self.cfg.cost)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dflash.atomic import write_text_atomic
 from dflash.errors import DataError
 
 TERMS = ("step", "row", "token", "attention", "anchor", "context")
@@ -51,18 +52,21 @@ class CostModel:
         """Seconds of a step at each shape, repeating the previous step's shape."""
         return features(rows, seq_len, anchors) @ self.coef
 
+    def switch_seconds(self, rows, seq_len, anchors) -> np.ndarray:
+        """Extra seconds of a step at each shape when the previous step had another."""
+        if self.switch is None:
+            return np.zeros(np.asarray(rows).size)
+        return features(rows, seq_len, anchors) @ self.switch
+
     def run_seconds(self, rows, seq_len, anchors) -> np.ndarray:
         """Seconds of each step of a run in order: a step whose shape differs from the
         previous one also pays the switch cost (the first step counts as a switch)."""
         r = np.asarray(rows, dtype=np.int64).ravel()
         L = np.asarray(seq_len, dtype=np.int64).ravel()
         a = np.broadcast_to(np.asarray(anchors, dtype=np.int64), r.shape).ravel()
-        sec = self.seconds(r, L, a)
-        if self.switch is not None and len(r):
-            changed = np.ones(len(r), dtype=bool)
-            changed[1:] = (r[1:] != r[:-1]) | (L[1:] != L[:-1]) | (a[1:] != a[:-1])
-            sec = sec + changed * (features(r, L, a) @ self.switch)
-        return sec
+        changed = np.ones(len(r), dtype=bool)
+        changed[1:] = (r[1:] != r[:-1]) | (L[1:] != L[:-1]) | (a[1:] != a[:-1])
+        return self.seconds(r, L, a) + changed * self.switch_seconds(r, L, a)
 
     def outside(self, rows, seq_len, anchors) -> np.ndarray:
         """bool per shape: beyond the profiled range in any dimension (extrapolated)."""
@@ -161,13 +165,8 @@ MATCH_FIELDS = ("device", "device_count", "autocast") + MODEL_FIELDS
 
 
 def write_cost_file(path, identity: dict, model: CostModel, points: list, fit: dict) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"identity": identity, "model": model.as_dict(), "fit": fit, "points": points}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2))
-    tmp.replace(path)
-    return path
+    return write_text_atomic(path, json.dumps(doc, indent=2))
 
 
 def load_cost_file(path, expect: dict | None = None) -> tuple[CostModel, dict]:

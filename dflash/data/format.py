@@ -122,18 +122,18 @@ class TokenDataset:
         """Fail before training if a sample holds `token_id` (the drafter's mask token:
         a block input that is also real text makes every draft ambiguous). One pass over
         the token file, in chunks, so a memory-mapped set is never read whole."""
-        step = 1 << 26
+        step, first, total = 1 << 26, None, 0
         for start in range(0, len(self.tokens), step):
             hits = np.flatnonzero(np.asarray(self.tokens[start:start + step]) == token_id)
-            if len(hits):
-                pos = start + int(hits[0])
-                sample = int(np.searchsorted(self.offsets, pos, side="right")) - 1
-                total = int(sum(int((np.asarray(self.tokens[s:s + step]) == token_id).sum())
-                                for s in range(start, len(self.tokens), step)))
-                raise DataError(f"{self.path}: sample {sample} holds token id {token_id}, the "
-                                f"drafter's mask token ({key}; {total} occurrences in the set); "
-                                "set it to an id the data never uses (the tokenizer's reserved "
-                                "mask token, e.g. 151669 for Qwen3)")
+            if len(hits) and first is None:
+                first = start + int(hits[0])
+            total += len(hits)
+        if first is not None:
+            sample = int(np.searchsorted(self.offsets, first, side="right")) - 1
+            raise DataError(f"{self.path}: sample {sample} holds token id {token_id}, the "
+                            f"drafter's mask token ({key}; {total} occurrences in the set); "
+                            "set it to an id the data never uses (the tokenizer's reserved "
+                            "mask token, e.g. 151669 for Qwen3)")
 
     @classmethod
     def open(cls, path: str | Path) -> "TokenDataset":

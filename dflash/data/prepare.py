@@ -58,29 +58,36 @@ def _init_worker(tokenizer_dir: str) -> None:
     _WORKER.update(tok=tok, eot=end_of_turn_ids(tok))  # the probe render: once per process
 
 
+def read_record(raw: bytes, where: str) -> dict:
+    """One JSONL line as a JSON object; a line that is not one is a DataError naming it."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at "
+                        f"column {exc.start + 1})") from None
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: invalid JSON ({exc})") from exc
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: expected a JSON object")
+    return rec
+
+
 def _encode_line(item, tok=None, eot=None):
     """(line number, ids, mask) or (line number, None, error message)."""
     line_no, raw, where = item
     tok, eot = (tok, eot) if tok is not None else (_WORKER["tok"], _WORKER["eot"])
     try:
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at "
-                            f"column {exc.start + 1})") from None
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: invalid JSON ({exc})") from exc
-        if not isinstance(rec, dict):
-            raise DataError(f"{where}: expected a JSON object")
+        rec = read_record(raw, where)
         ids, mask = assistant_mask(tok, rec.get("messages", rec.get("conversations")), where, eot)
         return line_no, ids, mask
     except DataError as exc:
         return line_no, None, str(exc)
 
 
-def _lines(jsonl: Path):
+def jsonl_lines(jsonl: Path):
+    """(line number, bytes, "file:line") of every non-empty line."""
     with jsonl.open("rb") as fh:  # bytes: a bad encoding is one bad line, named, not a crash
         for line_no, line in enumerate(fh, 1):
             if line.strip():
@@ -100,12 +107,12 @@ def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
     report = OverlongReport(overlong, int(max_seq_len))
     skipped: list[str] = []
     writer = DatasetWriter(out, len(tok), {"source": str(jsonl), "tokenizer": str(tokenizer_dir)})
-    total = sum(1 for _ in _lines(jsonl))
+    total = sum(1 for _ in jsonl_lines(jsonl))
     pool = Pool(workers, _init_worker, (str(tokenizer_dir),)) if workers > 1 else None
     try:
-        results = (pool.imap(_encode_line, _lines(jsonl), chunksize=64) if pool
+        results = (pool.imap(_encode_line, jsonl_lines(jsonl), chunksize=64) if pool
                    else map(partial(_encode_line, tok=tok, eot=end_of_turn_ids(tok)),
-                            _lines(jsonl)))
+                            jsonl_lines(jsonl)))
         for line_no, ids, mask in tqdm(results, total=total, desc="prepare", unit="conv"):
             if ids is None:
                 if bad_lines == "error":

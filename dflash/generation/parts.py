@@ -8,9 +8,9 @@ none twice. The final output is merged from the parts once all exist.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from dflash.atomic import write_text_atomic
 from dflash.errors import DataError
 
 
@@ -20,15 +20,6 @@ def input_identity(paths) -> list:
         st = Path(p).stat()
         out.append({"path": str(Path(p).resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
     return out
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
 
 
 class PartStore:
@@ -44,7 +35,7 @@ class PartStore:
                                     f"({old.get(k)!r} there, {manifest.get(k)!r} now); rerun with "
                                     "the same settings to resume, or write to another out=")
         else:
-            _atomic_write(m, json.dumps(manifest, indent=2))
+            write_text_atomic(m, json.dumps(manifest, indent=2))
 
     def path(self, rnd: int, index: int) -> Path:
         return self.root / f"round-{rnd}" / f"part-{index:06d}.jsonl"
@@ -53,9 +44,7 @@ class PartStore:
         return self.path(rnd, index).exists()
 
     def write(self, rnd: int, index: int, rows: list) -> None:
-        p = self.path(rnd, index)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(p, "".join(json.dumps(r) + "\n" for r in rows))
+        write_text_atomic(self.path(rnd, index), "".join(json.dumps(r) + "\n" for r in rows))
 
     def read_round(self, rnd: int, count: int) -> dict:
         """key -> row over the round's `count` parts (all must exist)."""
@@ -71,7 +60,4 @@ class PartStore:
 
 
 def write_jsonl(path, records) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    return path
+    return write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))

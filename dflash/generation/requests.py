@@ -8,11 +8,11 @@ one). A line that cannot be used is skipped and named with `file:line` and why.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash.data.loss_mask import THINK_CLOSE, THINK_OPEN, check_messages
+from dflash.data.prepare import jsonl_lines, read_record
 from dflash.errors import DataError
 
 TURNS = ("last", "each")
@@ -45,29 +45,18 @@ def read_conversations(paths, bad_lines: str = "skip") -> tuple[list, list]:
         path = Path(path)
         if not path.exists():
             raise DataError(f"input file not found: {path}")
-        with path.open("rb") as fh:
-            for line_no, raw in enumerate(fh, 1):
-                if not raw.strip():
-                    continue
-                where = f"{path}:{line_no}"
-                try:
-                    convs.append(_parse(raw, where, len(convs)))
-                except DataError as exc:
-                    if bad_lines == "error":
-                        raise
-                    skipped.append({"where": where, "reason": str(exc).split(": ", 1)[-1]})
+        for _, raw, where in jsonl_lines(path):
+            try:
+                convs.append(_parse(raw, where, len(convs)))
+            except DataError as exc:
+                if bad_lines == "error":
+                    raise
+                skipped.append({"where": where, "reason": str(exc).split(": ", 1)[-1]})
     return convs, skipped
 
 
 def _parse(raw: bytes, where: str, index: int) -> Conversation:
-    try:
-        rec = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{where}: not valid UTF-8 (column {exc.start + 1})") from None
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: invalid JSON ({exc})") from None
-    if not isinstance(rec, dict):
-        raise DataError(f"{where}: expected a JSON object")
+    rec = read_record(raw, where)
     messages = rec.get("messages", rec.get("conversations"))
     check_messages(messages, where)
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]

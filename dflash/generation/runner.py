@@ -62,69 +62,78 @@ class Regeneration:
         c = self.cfg
         t0 = time.perf_counter()
         convs, skipped = read_conversations(c.inputs, str(c.bad_lines))
-        stats_lines = len(convs) + len(skipped)  # non-empty input lines
+        lines_read = len(convs) + len(skipped)  # non-empty input lines
         store = PartStore(Path(str(out) + ".parts"), self.manifest())
         dropped: set = set()
         results: dict = {}
         stats = {"generated_tokens_this_run": 0, "batches_this_run": 0, "batches_resumed": 0}
-        from tqdm.auto import tqdm
         for rnd in range(num_rounds(convs, str(c.turns))):
-            live = [x for x in convs if x.index not in dropped]
-            reqs = requests_for_round(live, str(c.turns), rnd)
-            if not self.remote:
-                reqs, bad = tokenize(reqs, self.tok, dict(c.chat_template_kwargs),
-                                     int(c.max_new_tokens), int(c.max_seq_len))
-                for b in bad:
-                    if str(c.bad_lines) == "error":
-                        raise DataError(f"{b['where']}: {b['reason']}")
-                    skipped.append(b)
-                dropped |= {r.conversation for r in requests_for_round(live, str(c.turns), rnd)} - \
-                    {r.conversation for r in reqs}
-                batches = plan_batches(reqs, int(c.max_new_tokens), int(c.batching.token_budget),
-                                       int(c.batching.max_batch_size), int(c.seed))
-            else:
-                size = max(1, 4 * int(c.openai.concurrency))
-                batches = [list(range(i, min(len(reqs), i + size))) for i in range(0, len(reqs), size)]
-            mine = [i for i in range(len(batches)) if i % self.world == self.rank]
-            bar = tqdm(total=sum(len(batches[i]) for i in mine), desc=f"regenerate round {rnd}",
-                       unit="prompt", disable=not (c.progress and self.rank == 0))
-            t_round, tokens_round = time.perf_counter(), 0
-            for i in mine:
-                if store.done(rnd, i):
-                    stats["batches_resumed"] += 1
-                    bar.update(len(batches[i]))
-                    continue
-                rows = self.generate([reqs[j] for j in batches[i]], i)
-                store.write(rnd, i, rows)
-                n = sum(r.get("tokens", 0) for r in rows)
-                tokens_round += n
-                stats["generated_tokens_this_run"] += n
-                stats["batches_this_run"] += 1
-                bar.update(len(batches[i]))
-                rate = tokens_round / max(time.perf_counter() - t_round, 1e-9)
-                bar.set_postfix(tok_s=f"{rate:.0f}")
-                if self.logger is not None:
-                    self.logger.log({"round": rnd, "batch": i, "generated_tokens": n,
-                                     "tokens_per_second": rate}, stats["batches_this_run"])
-            bar.close()
-            self.barrier()
+            reqs, batches = self.round_batches(convs, rnd, dropped, skipped)
+            self.run_batches(store, rnd, reqs, batches, stats)
+            self.barrier()  # every rank's parts of this round are on disk
             done = store.read_round(rnd, len(batches))
             for r in reqs:
-                row = done[r.key]
-                conv = convs[r.conversation]
-                if "error" in row:
-                    skipped.append({"where": r.where, "reason": row["error"]})
-                    dropped.add(r.conversation)
-                    continue
-                if row["finish_reason"] == "length" and str(c.truncated) == "drop":
-                    dropped.add(r.conversation)
-                results[r.key] = row
-                msg = split_reasoning(row["text"])
-                if row.get("reasoning"):
-                    msg["reasoning_content"] = row["reasoning"]
-                conv.replies[r.turn] = msg
-        stats["lines_read"] = stats_lines
-        return self.finish(out, convs, dropped, skipped, results, stats, time.perf_counter() - t0)
+                self.apply(done[r.key], r, convs[r.conversation], dropped, skipped, results)
+        return self.finish(out, convs, dropped, skipped, results, stats, lines_read,
+                           time.perf_counter() - t0)
+
+    def round_batches(self, convs, rnd: int, dropped: set, skipped: list) -> tuple[list, list]:
+        """Round `rnd`'s requests (a conversation whose prompt is unusable is dropped and
+        its line named) and their batches."""
+        c = self.cfg
+        asked = requests_for_round([x for x in convs if x.index not in dropped], str(c.turns), rnd)
+        if self.remote:  # the server renders the template: fixed-size chunks, in order
+            size = max(1, 4 * int(c.openai.concurrency))
+            return asked, [list(range(i, min(len(asked), i + size)))
+                           for i in range(0, len(asked), size)]
+        reqs, bad = tokenize(asked, self.tok, dict(c.chat_template_kwargs),
+                             int(c.max_new_tokens), int(c.max_seq_len))
+        if bad and str(c.bad_lines) == "error":
+            raise DataError(f"{bad[0]['where']}: {bad[0]['reason']}")
+        skipped += bad
+        dropped |= {r.conversation for r in asked} - {r.conversation for r in reqs}
+        return reqs, plan_batches(reqs, int(c.max_new_tokens), int(c.batching.token_budget),
+                                  int(c.batching.max_batch_size), int(c.seed))
+
+    def run_batches(self, store, rnd: int, reqs: list, batches: list, stats: dict) -> None:
+        """This rank's batches of the round that have no part yet, each written as a part."""
+        from tqdm.auto import tqdm
+        mine = [i for i in range(len(batches)) if i % self.world == self.rank]
+        bar = tqdm(total=sum(len(batches[i]) for i in mine), desc=f"regenerate round {rnd}",
+                   unit="prompt", disable=not (self.cfg.progress and self.rank == 0))
+        t0, tokens = time.perf_counter(), 0
+        for i in mine:
+            bar.update(len(batches[i]))
+            if store.done(rnd, i):
+                stats["batches_resumed"] += 1
+                continue
+            rows = self.generate([reqs[j] for j in batches[i]], i)
+            store.write(rnd, i, rows)
+            n = sum(r.get("tokens", 0) for r in rows)
+            tokens += n
+            stats["generated_tokens_this_run"] += n
+            stats["batches_this_run"] += 1
+            rate = tokens / max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix(tok_s=f"{rate:.0f}")
+            if self.logger is not None:
+                self.logger.log({"round": rnd, "batch": i, "generated_tokens": n,
+                                 "tokens_per_second": rate}, stats["batches_this_run"])
+        bar.close()
+
+    def apply(self, row: dict, req, conv, dropped: set, skipped: list, results: dict) -> None:
+        """A generated reply into its conversation (a failed request or, under
+        truncated=drop, a cut-off reply drops the conversation)."""
+        if "error" in row:
+            skipped.append({"where": req.where, "reason": row["error"]})
+            dropped.add(req.conversation)
+            return
+        if row["finish_reason"] == "length" and str(self.cfg.truncated) == "drop":
+            dropped.add(req.conversation)
+        results[req.key] = row
+        msg = split_reasoning(row["text"])
+        if row.get("reasoning"):
+            msg["reasoning_content"] = row["reasoning"]
+        conv.replies[req.turn] = msg
 
     def generate(self, reqs: list, batch_index: int) -> list:
         if self.remote:
@@ -135,16 +144,14 @@ class Regeneration:
                  "finish_reason": o["finish_reason"], "tokens": o["tokens"]}
                 for r, o in zip(reqs, outs)]
 
-    def finish(self, out, convs, dropped, skipped, results, stats, seconds) -> dict:
+    def finish(self, out, convs, dropped, skipped, results, stats, lines_read, seconds) -> dict:
         c = self.cfg
         kept = [x for x in convs if x.index not in dropped]
-        truncated = sum(1 for r in results.values() if r["finish_reason"] == "length")
-        report = {"conversations_read": stats.pop("lines_read"), "conversations_written": len(kept),
+        truncated = {k for k, r in results.items() if r["finish_reason"] == "length"}
+        report = {"conversations_read": lines_read, "conversations_written": len(kept),
                   "lines_skipped": len(skipped), "skipped": skipped[:MAX_LISTED],
-                  "truncated": truncated, "truncated_policy": str(c.truncated),
-                  "truncated_dropped": sum(1 for x in convs if x.index in dropped and any(
-                      results.get(f"{x.index}/{t}", {}).get("finish_reason") == "length"
-                      for t in x.assistant_turns)),
+                  "truncated": len(truncated), "truncated_policy": str(c.truncated),
+                  "truncated_dropped": len({int(k.split("/")[0]) for k in truncated} & dropped),
                   "generated_tokens": int(sum(r["tokens"] for r in results.values())),
                   "seconds": seconds, **stats,
                   "tokens_per_second": stats["generated_tokens_this_run"] / max(seconds, 1e-9),

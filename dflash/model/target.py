@@ -89,10 +89,12 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype,
     return _set_attention(lm, attn_implementation)
 
 
-def target_vocab_size(cfg) -> int:
-    """The target's vocabulary from its config alone (no weights loaded)."""
+def target_sizes(cfg) -> dict:
+    """The target's hidden size, layer count and vocabulary from its config alone (no
+    weights loaded): the tiny model's keys, or a local model's config.json."""
     if cfg.path is None:
-        return int(cfg.vocab_size)
+        return {"hidden_size": int(cfg.hidden_size), "num_layers": int(cfg.num_hidden_layers),
+                "vocab_size": int(cfg.vocab_size)}
     from transformers import AutoConfig
 
     path = Path(cfg.path)
@@ -100,7 +102,14 @@ def target_vocab_size(cfg) -> int:
         raise DataError(f"model.target.path={path}: no config.json there (expected a local "
                         "HF model directory)")
     hc = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    return int(getattr(hc, "vocab_size", None) or hc.get_text_config().vocab_size)
+    text = hc.get_text_config() if hasattr(hc, "get_text_config") else hc
+    return {"hidden_size": int(text.hidden_size), "num_layers": int(text.num_hidden_layers),
+            "vocab_size": int(getattr(hc, "vocab_size", None) or text.vocab_size)}
+
+
+def target_vocab_size(cfg) -> int:
+    """The target's vocabulary from its config alone (no weights loaded)."""
+    return target_sizes(cfg)["vocab_size"]
 
 
 class Target(nn.Module):

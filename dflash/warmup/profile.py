@@ -16,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from dflash.model.target import target_sizes
 from dflash.options import choice
 from dflash.warmup.run import dummy_batch
 from dflash.warmup.shapes import Shape
@@ -27,17 +28,18 @@ def device_name(device: torch.device) -> str:
     return f"cpu {platform.machine()} x{os.cpu_count()} threads={torch.get_num_threads()}"
 
 
-def target_sizes(target_cfg) -> dict:
-    """The target's sizes from its config alone (no weights loaded)."""
-    if target_cfg.path is None:
-        return {"target_hidden_size": int(target_cfg.hidden_size),
-                "target_num_layers": int(target_cfg.num_hidden_layers),
-                "vocab_size": int(target_cfg.vocab_size)}
-    from transformers import AutoConfig
-    hc = AutoConfig.from_pretrained(str(target_cfg.path), local_files_only=True)
-    hc = getattr(hc, "get_text_config", lambda: hc)()
-    return {"target_hidden_size": int(hc.hidden_size),
-            "target_num_layers": int(hc.num_hidden_layers), "vocab_size": int(hc.vocab_size)}
+def model_identity(cfg) -> dict:
+    """The model half of a cost file's identity (step_cost.MODEL_FIELDS), from the
+    config alone: what a plan made away from the GPUs can still check."""
+    sizes = target_sizes(cfg.model.target)
+    return {"target_dtype": str(cfg.model.target.dtype),
+            "target_hidden_size": sizes["hidden_size"], "target_num_layers": sizes["num_layers"],
+            "vocab_size": sizes["vocab_size"],
+            "drafter_num_layers": int(cfg.model.drafter.num_layers),
+            "block_size": int(cfg.model.drafter.block_size),
+            "compile": choice(cfg.model.compile),
+            # packed rows take another code path (documents in a row): their own file
+            "step_kind": "packed" if choice(cfg.batching.strategy) == "packed" else "padded"}
 
 
 def run_identity(cfg, device: torch.device) -> dict:
@@ -46,14 +48,7 @@ def run_identity(cfg, device: torch.device) -> dict:
     if autocast == "auto":
         autocast = "bf16" if device.type == "cuda" else "off"
     return {"device": device_name(device), "device_count": int(cfg.topology.dp_size),
-            "target_dtype": str(cfg.model.target.dtype), "autocast": autocast,
-            **target_sizes(cfg.model.target),
-            "drafter_num_layers": int(cfg.model.drafter.num_layers),
-            "block_size": int(cfg.model.drafter.block_size),
-            "compile": choice(cfg.model.compile),
-            # packed rows take another code path (documents in a row): their own file
-            "step_kind": "packed" if choice(cfg.batching.strategy) == "packed" else "padded",
-            "torch": torch.__version__}
+            "autocast": autocast, **model_identity(cfg), "torch": torch.__version__}
 
 
 def profile_shapes(warm: list, token_budget: int, max_rows: int, max_shapes: int = 24,

@@ -194,3 +194,13 @@ def test_drafter_and_two_ranks_write_the_same_greedy_replies(tmp_path, chat_toke
     assert outs["drafter"] == outs["plain"] and outs["ranks"] == outs["plain"]
     parts = sorted(p.name for p in (tmp_path / "ranks" / "o.jsonl.parts" / "round-0").glob("part-*"))
     assert len(parts) == 4  # 8 prompts, 2 a batch: both ranks wrote theirs
+
+
+def test_missing_tokenizer_and_a_sampled_drafter_run_are_refused(tmp_path, chat_tokenizer):
+    inp = _jsonl(tmp_path / "in.jsonl", _chats(2))
+    args = [a for a in _args(chat_tokenizer, inp, tmp_path / "o.jsonl") if not a.startswith("tokenizer=")]
+    proc = run_module("dflash.regenerate", *args, check=False)
+    assert proc.returncode == 2 and "regenerate needs a tokenizer: set tokenizer=DIR" in proc.stderr
+    proc = run_module("dflash.regenerate", *_args(chat_tokenizer, inp, tmp_path / "o.jsonl",
+                                                  f"drafter={tmp_path}", "temperature=0.7"), check=False)
+    assert proc.returncode == 2 and "greedy decoding only (temperature=0)" in proc.stderr

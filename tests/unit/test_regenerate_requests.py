@@ -58,3 +58,13 @@ def test_prompt_lookup_drafts_what_followed_the_last_match():
     p = PromptLookupProposer(block_size=4)
     assert p._lookup([5, 6, 7, 8, 9, 5, 6]) == [7, 8, 9]
     assert p._lookup([1, 2, 3]) == [3, 3, 3]  # no earlier match: repeat
+
+
+def test_a_prompt_beyond_the_batch_token_budget_is_refused():
+    from dflash.generation.requests import Request
+    from dflash.generation.runner import plan_batches
+    reqs = [Request(f"{i}/1", i, 1, f"f:{i}", [], prompt_ids=[1] * n) for i, n in enumerate([5, 50])]
+    assert sorted(i for b in plan_batches(reqs, 10, 128, 4) for i in b) == [0, 1]
+    with pytest.raises(DataError, match=r"batching.token_budget=32 is below one prompt \+ "
+                                        r"max_new_tokens \(60 tokens\)"):
+        plan_batches(reqs, 10, 32, 4)

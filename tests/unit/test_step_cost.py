@@ -81,3 +81,15 @@ def test_time_fitted_buckets_are_never_slower_than_padding_fitted_ones():
     plan = Planner("bucketed", lengths, timed.boundaries, spec, seed=0).epoch(0)
     assert s_time["seconds_per_epoch"] == pytest.approx(
         float(model.seconds(plan.batch_sizes, plan.seq_len, 1).sum()), rel=1e-12)
+
+
+def test_a_shape_budget_no_fit_can_meet_is_refused_naming_it(tmp_path):
+    from dflash.buckets import run_buckets
+    from dflash.config import compose
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "lengths.npy", rng.integers(16, 4000, 3000).astype(np.int64))
+    cost = write_cost_file(tmp_path / "c.json", {}, CostModel(TRUE, {"anchors": 64}), [], {})
+    cfg = compose("bucket_fit", [f"lengths_file={tmp_path / 'lengths.npy'}", "num_buckets=auto",
+                                 "auto_max=3", f"cost={cost}", "max_shapes=1", "refine=false"])
+    with pytest.raises(DataError, match=r"max_shapes=1: even one bucket runs at \d+ distinct shapes"):
+        run_buckets(cfg)

@@ -70,27 +70,22 @@ def build_cost_table(lengths, spec: PackingSpec, candidates: int = 256,
         raise DataError(f"candidates must be >= 2, got {candidates}")
     edges, values, counts, tokens = histogram_bins(lengths, candidates)
     g = len(counts)
+    # the cost of one row (or slot) at a padded length, and of every batch
     if time_model is not None:
-        cv = row_seconds(values, time_model, anchors)
+        row = lambda x: row_seconds(x, time_model, anchors)  # noqa: E731
+        per_batch = float(time_model.coef[0])
+    else:
+        row, per_batch = (lambda x: slot_cost(x, quadratic)), 0.0
+    cv = row(values)
+    if time_model is not None or quadratic:
         idx = np.searchsorted(edges, lengths, side="right") - 1
-        useful = np.bincount(idx, weights=row_seconds(lengths, time_model, anchors), minlength=g)
-        padded = np.full((g + 1, g + 1), np.inf)
-        for a in tqdm(range(g), desc="bucket times", disable=not progress):
-            per_sample = bucket_costs_from(a, values, counts, spec.token_budget,
-                                           spec.max_batch_size, cost_values=cv,
-                                           per_batch=float(time_model.coef[0]))
-            padded[a, a + 1:] = np.maximum(per_sample * np.cumsum(counts[a:]), np.cumsum(useful[a:]))
-        return CostTable(edges, counts, useful, padded, quadratic)
-    cv = slot_cost(values, quadratic)
-    if quadratic:
-        idx = np.searchsorted(edges, lengths, side="right") - 1
-        useful = np.bincount(idx, weights=slot_cost(lengths, quadratic), minlength=g)
+        useful = np.bincount(idx, weights=row(lengths), minlength=g)
     else:
         useful = tokens.astype(np.float64)
     padded = np.full((g + 1, g + 1), np.inf)
     for a in tqdm(range(g), desc="bucket costs", disable=not progress):
         per_sample = bucket_costs_from(a, values, counts, spec.token_budget,
-                                       spec.max_batch_size, cost_values=cv)
+                                       spec.max_batch_size, cost_values=cv, per_batch=per_batch)
         n = np.cumsum(counts[a:])
         # a bucket never pads below its own useful cost
         padded[a, a + 1:] = np.maximum(per_sample * n, np.cumsum(useful[a:]))
