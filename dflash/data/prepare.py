@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 from functools import partial
-from multiprocessing import Pool
+import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -108,7 +108,10 @@ def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
     skipped: list[str] = []
     writer = DatasetWriter(out, len(tok), {"source": str(jsonl), "tokenizer": str(tokenizer_dir)})
     total = sum(1 for _ in jsonl_lines(jsonl))
-    pool = Pool(workers, _init_worker, (str(tokenizer_dir),)) if workers > 1 else None
+    # spawn, not fork: a parent that already ran a fast tokenizer (or any thread pool)
+    # would hand forked workers locks held by threads that do not exist there (deadlock)
+    pool = (multiprocessing.get_context("spawn").Pool(workers, _init_worker, (str(tokenizer_dir),))
+            if workers > 1 else None)
     try:
         results = (pool.imap(_encode_line, jsonl_lines(jsonl), chunksize=64) if pool
                    else map(partial(_encode_line, tok=tok, eot=end_of_turn_ids(tok)),
