@@ -43,8 +43,10 @@ class PromptLookupProposer:
 
 class LocalBackend:
     def __init__(self, target, stop_ids, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 512, seed: int = 0, drafter=None, pad_id: int = 0):
+                 max_new_tokens: int = 512, seed: int = 0, drafter=None, pad_id: int = 0,
+                 proposer=None):
         self.target, self.stop = target, sorted(set(int(i) for i in stop_ids))
+        self.proposer = proposer  # None: the drafter's if one is given, else prompt lookup
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.max_new_tokens, self.seed = int(max_new_tokens), int(seed)
         self.drafter, self.pad_id = drafter, int(pad_id)
@@ -53,8 +55,8 @@ class LocalBackend:
         """Per prompt: generated token ids (stop token excluded), finish reason
         ("stop" or "length") and the tokens generated (the stop token included)."""
         if self.temperature <= 0:
-            proposer = (DrafterProposer(self.drafter, self.target) if self.drafter is not None
-                        else PromptLookupProposer())
+            proposer = self.proposer or (DrafterProposer(self.drafter, self.target)
+                                         if self.drafter is not None else PromptLookupProposer())
             res = speculative_decode(self.target, proposer, prompts, self.max_new_tokens,
                                      eos_token_id=self.stop or None, batch_size=len(prompts))
             outs = res.tokens
