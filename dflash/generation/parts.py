@@ -3,7 +3,8 @@
 A rerun of the same command reads the manifest (inputs and every setting that changes
 what is generated), refuses a different one naming the field, and skips every batch
 whose part exists: after a kill -9 only the batches in flight are generated again, and
-none twice. The final output is merged from the parts once all exist.
+none twice. A part can hold requests that failed (a server's errors after its retries):
+a rerun asks for those again, and only those. The final output is merged from the parts once all exist.
 """
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ class PartStore:
 
     def write(self, rnd: int, index: int, rows: list) -> None:
         write_text_atomic(self.path(rnd, index), "".join(json.dumps(r) + "\n" for r in rows))
+
+    def read_part(self, rnd: int, index: int) -> list:
+        return [json.loads(x) for x in self.path(rnd, index).read_text().splitlines()]
 
     def read_round(self, rnd: int, count: int) -> dict:
         """key -> row over the round's `count` parts (all must exist)."""

@@ -66,7 +66,8 @@ class Regeneration:
         store = PartStore(Path(str(out) + ".parts"), self.manifest())
         dropped: set = set()
         results: dict = {}
-        stats = {"generated_tokens_this_run": 0, "batches_this_run": 0, "batches_resumed": 0}
+        stats = {"generated_tokens_this_run": 0, "batches_this_run": 0, "batches_resumed": 0,
+                 "failed_requests_retried": 0}
         for rnd in range(num_rounds(convs, str(c.turns))):
             reqs, batches = self.round_batches(convs, rnd, dropped, skipped)
             self.run_batches(store, rnd, reqs, batches, stats)
@@ -96,7 +97,8 @@ class Regeneration:
                                   int(c.batching.max_batch_size), int(c.seed))
 
     def run_batches(self, store, rnd: int, reqs: list, batches: list, stats: dict) -> None:
-        """This rank's batches of the round that have no part yet, each written as a part."""
+        """This rank's batches of the round that have no part yet, each written as a part,
+        and the failed requests of those that have one."""
         from tqdm.auto import tqdm
         mine = [i for i in range(len(batches)) if i % self.world == self.rank]
         bar = tqdm(total=sum(len(batches[i]) for i in mine), desc=f"regenerate round {rnd}",
@@ -104,12 +106,20 @@ class Regeneration:
         t0, tokens = time.perf_counter(), 0
         for i in mine:
             bar.update(len(batches[i]))
+            todo = batches[i]
             if store.done(rnd, i):
-                stats["batches_resumed"] += 1
-                continue
-            rows = self.generate([reqs[j] for j in batches[i]], i)
-            store.write(rnd, i, rows)
-            n = sum(r.get("tokens", 0) for r in rows)
+                rows = {r["key"]: r for r in store.read_part(rnd, i)}
+                todo = [j for j in batches[i] if "error" in rows[reqs[j].key]]
+                if not todo:
+                    stats["batches_resumed"] += 1
+                    continue
+                stats["failed_requests_retried"] += len(todo)
+            else:
+                rows = {}
+            new = self.generate([reqs[j] for j in todo], i)
+            rows.update({r["key"]: r for r in new})
+            store.write(rnd, i, [rows[reqs[j].key] for j in batches[i]])
+            n = sum(r.get("tokens", 0) for r in new)
             tokens += n
             stats["generated_tokens_this_run"] += n
             stats["batches_this_run"] += 1

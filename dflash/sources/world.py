@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 from tqdm.auto import tqdm
 
 from dflash.errors import DataError
@@ -106,8 +107,6 @@ def _target_settings(target_cfg) -> dict:
 def fit_target(world: World, target_cfg, steps: int, cache_dir: str | Path,
                batch: int = 32, lr: float = 1e-2, progress: bool = True) -> Path:
     """Fit the tiny target to the world's rule (cached); returns its HF directory."""
-    from dflash.model.target import build_tiny_qwen3
-
     if target_cfg.path is not None:
         raise DataError("data=world fits its own tiny target: use model=tiny "
                         f"(model.target.path={target_cfg.path} is set)")
@@ -119,6 +118,17 @@ def fit_target(world: World, target_cfg, steps: int, cache_dir: str | Path,
     path = Path(cache_dir) / f"world-target-{_key(settings)}"
     if (path / "config.json").exists():
         return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):  # ranks (or test workers) sharing a cold cache
+        if not (path / "config.json").exists():  # fit once; the others wait and read it
+            _fit(world, target_cfg, steps, path, settings, batch, lr, progress)
+    return path
+
+
+def _fit(world: World, target_cfg, steps: int, path: Path, settings: dict, batch: int,
+         lr: float, progress: bool) -> None:
+    from dflash.model.target import build_tiny_qwen3
+
     t0 = time.time()
     lm = build_tiny_qwen3(target_cfg).train()
     opt = torch.optim.AdamW(lm.parameters(), lr=lr, weight_decay=0.0)
@@ -152,7 +162,6 @@ def fit_target(world: World, target_cfg, steps: int, cache_dir: str | Path,
     tmp.rename(path)
     log.info("fitted the world target in %.0f s (final loss %.3f): %s", time.time() - t0,
              loss.item(), path)
-    return path
 
 
 @torch.no_grad()
@@ -195,14 +204,22 @@ def make_target_consistent(lm, ids: np.ndarray, mask: np.ndarray, lengths: np.nd
 def build_world_data(world: World, target_dir: Path, lengths: np.ndarray, seed: int,
                      cache_dir: str | Path, progress: bool = True, chunk: int = 64) -> TokenDataset:
     """The training data set for these lengths, target-consistent (cached)."""
-    from transformers import AutoModelForCausalLM
-
     settings = {"target": target_dir.name, "period": world.period, "slot_size": world.slot_size,
                 "seed": seed, "n": len(lengths), "sum": int(lengths.sum()),
                 "max": int(lengths.max()), "v": VERSION}
     path = Path(cache_dir) / f"world-data-{_key(settings)}"
-    if (path / "meta.json").exists():
-        return TokenDataset.open(path)
+    if not (path / "meta.json").exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(path) + ".lock"):
+            if not (path / "meta.json").exists():
+                _write_world_data(world, target_dir, lengths, seed, path, settings, progress, chunk)
+    return TokenDataset.open(path)
+
+
+def _write_world_data(world: World, target_dir: Path, lengths: np.ndarray, seed: int, path: Path,
+                      settings: dict, progress: bool, chunk: int) -> None:
+    from transformers import AutoModelForCausalLM
+
     short = np.flatnonzero(lengths < world.min_length())
     if len(short):
         raise DataError(f"world data: sample {int(short[0])} has {int(lengths[short[0]])} tokens, "
@@ -230,7 +247,6 @@ def build_world_data(world: World, target_dir: Path, lengths: np.ndarray, seed: 
     path.with_name(path.name + ".tmp").rename(path)
     log.info("world data: %d samples, %d rewritten to the target's greedy choice, %d with "
              "an unsupervised tail", len(lengths), counts["rewritten"], counts["unsettled"])
-    return TokenDataset.open(path)
 
 
 def held_out_prompts(world: World, lengths: np.ndarray, seed: int) -> list[np.ndarray]:

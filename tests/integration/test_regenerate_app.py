@@ -73,10 +73,20 @@ def test_local_greedy_regeneration_feeds_prepare(tmp_path, chat_tokenizer):
                                   pad_token_id=0)[0, ids.shape[1]:].tolist()
         want = want[:want.index(stop[0])] if stop[0] in want else want
         assert rows[i]["messages"][-1]["content"] == tok.decode(want).strip()
-    # prepare reads it unchanged
+    # prepare reads it unchanged, and a drafter trains on it (the same target)
     from dflash.data.prepare import prepare
+    from dflash.config import compose
+    from dflash.trainer import Trainer
     prepare(out, chat_tokenizer, tmp_path / "data")
-    assert (tmp_path / "data" / "meta.json").exists()
+    cfg = compose("train", ["data=tokenized", f"data.path={tmp_path / 'data'}", "data.max_seq_len=64",
+                            f"model.target.vocab_size={VOCAB}", "model.drafter.block_size=4",
+                            "eval.num_prompts=2", "eval.max_new_tokens=8", "optim.max_steps=3",
+                            "warmup=none", "logger.progress=false"])
+    summary = Trainer(cfg, tmp_path / "train").build().run()
+    assert summary["steps"] == 3 and summary["samples_seen"] > 0
+    assert summary["data"]["num_samples"] == 10 and summary["data"]["held_out"] == 2
+    assert summary["samples_seen"] <= 8  # the 2 held-out prompts are not trained on
+    assert (tmp_path / "train" / "drafter" / "model.safetensors").exists()
 
 
 def test_a_killed_run_resumes_without_generating_twice(tmp_path, chat_tokenizer):
@@ -204,3 +214,69 @@ def test_missing_tokenizer_and_a_sampled_drafter_run_are_refused(tmp_path, chat_
     proc = run_module("dflash.regenerate", *_args(chat_tokenizer, inp, tmp_path / "o.jsonl",
                                                   f"drafter={tmp_path}", "temperature=0.7"), check=False)
     assert proc.returncode == 2 and "greedy decoding only (temperature=0)" in proc.stderr
+
+
+class _FlakyServer(BaseHTTPRequestHandler):
+    """Conversation 1 fails on every request while `broken`; conversation 2's first
+    request outlasts the client's timeout; the rest answer at once."""
+    broken, slow_done, asked, lock = True, False, [], threading.Lock()
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls, last = type(self), body["messages"][-1]["content"]
+        with cls.lock:
+            cls.asked.append(last)
+            slow = last.startswith("w14 ") and not cls.slow_done
+            cls.slow_done = cls.slow_done or slow
+        if slow:
+            time.sleep(1.6)  # past openai.timeout=1: the client gives up and retries
+        if cls.broken and last.startswith("w7 "):
+            self.send_response(503)
+            self.end_headers()
+            return
+        data = json.dumps({"id": "x", "object": "chat.completion", "created": 0,
+                           "model": body["model"], "choices": [{"index": 0, "finish_reason": "stop",
+                           "message": {"role": "assistant", "content": f"re: {last}"}}]}).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the timed-out request's client left
+            pass
+
+
+def test_failed_requests_are_counted_then_asked_again_on_rerun(tmp_path, chat_tokenizer):
+    """A request that times out is retried; one that fails through its retries is named
+    in the report and its conversation left out; rerunning the same command asks the
+    server for that one alone."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _FlakyServer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    inp = _jsonl(tmp_path / "in.jsonl", _chats(6))
+    out = tmp_path / "o.jsonl"
+    args = _args(chat_tokenizer, inp, out, "backend=openai", "openai.retries=1",
+                 "openai.timeout=1", f"openai.base_url=http://127.0.0.1:{srv.server_port}/v1")
+    try:
+        first = run_module("dflash.regenerate", *args)
+        report = json.loads((tmp_path / "o.jsonl.report.json").read_text())
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+        assert [r["id"] for r in rows] == [0, 2, 3, 4, 5]  # the timed-out one retried and kept
+        assert report["lines_skipped"] == 1 and report["conversations_written"] == 5
+        (skip,) = report["skipped"]
+        assert skip["where"] == f"{inp}:2" and "request failed" in skip["reason"]
+        assert "1 skipped" in first.stdout
+        assert sum(a.startswith("w7 ") for a in _FlakyServer.asked) == 2  # 1 + 1 retry
+        assert sum(a.startswith("w14 ") for a in _FlakyServer.asked) == 2  # timed out, retried
+        _FlakyServer.broken, _FlakyServer.asked = False, []
+        second = run_module("dflash.regenerate", *args)
+    finally:
+        srv.shutdown()
+    assert [a.split()[0] for a in _FlakyServer.asked] == ["w7"]  # only the failed one again
+    assert "1 failed requests asked again" in second.stdout
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(6))
+    assert rows[1]["messages"][-1]["content"] == f"re: {_chats(6)[1]['messages'][0]['content']}"

@@ -1,0 +1,1 @@
+"""The Hydra configs of every dflash app (shipped in the wheel)."""

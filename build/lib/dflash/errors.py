@@ -1,0 +1,41 @@
+"""User errors: each message names the file, key or sample at fault.
+
+    UserError        anything the user can fix; an app prints it as one line, exit 2
+      DataError      bad input data: a file, a line, a sample, a checkpoint
+      ConfigError    a setting that cannot work as given (the key is named)
+        TopologyError  devices or ranks that do not fit the chosen topology
+
+Anything else is a bug and keeps its traceback.
+"""
+
+
+class UserError(ValueError):
+    """Bad input or settings, found before any work is lost."""
+
+
+class DataError(UserError):
+    """Bad input data: the message names the file, line or sample."""
+
+
+class ConfigError(UserError):
+    """A setting that cannot work: the message names the key."""
+
+
+class TopologyError(ConfigError):
+    """Devices or ranks that do not fit `topology=`."""
+
+
+def user_errors_exit(fn):
+    """For an app's Hydra task function: a UserError ends the run with its one message
+    and exit status 2, not a traceback."""
+    import functools
+    import sys
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            print(f"dflash: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+    return wrapper

@@ -1,0 +1,58 @@
+"""`python -m dflash.eval drafter=DIR prompts=F [model=...]`: acceptance length of any
+drafter checkpoint against its target, by real speculative decoding."""
+from __future__ import annotations
+
+import hydra
+
+from dflash.errors import user_errors_exit
+from dflash.eval.decode import evaluate
+from dflash.eval.prompts import check_pair, load_prompts
+
+
+def main_app(cfg) -> dict:
+    import json
+
+    from dflash.options import choice
+    from dflash.errors import DataError
+    from dflash.model.checkpoint import load_drafter
+    from dflash.model.target import Target
+    from dflash.topology import resolve_device
+
+    if not cfg.drafter or not cfg.prompts:
+        raise DataError("dflash.eval.decode needs drafter=DIR and prompts=FILE (JSONL or data set dir)")
+    dev = resolve_device(choice(cfg.device))
+    target = Target.from_config(cfg.model.target).to(dev)
+    drafter = load_drafter(cfg.drafter, device=dev)
+    prompts = load_prompts(cfg.prompts, int(cfg.num_prompts))
+    check_pair(drafter, target, prompts, f"drafter {cfg.drafter}")
+    target.layer_ids = list(drafter.spec.target_layer_ids)  # the checkpoint decides
+    res = evaluate(target, drafter, prompts, int(cfg.max_new_tokens),
+                   temperature=float(cfg.temperature), batch_size=int(cfg.batch_size),
+                   seed=int(cfg.seed), eos_token_id=getattr(target.config, "eos_token_id", None))
+    report = {"drafter": str(cfg.drafter), "prompts": str(cfg.prompts),
+              "temperature": float(cfg.temperature), "max_new_tokens": int(cfg.max_new_tokens),
+              **res.as_dict()}
+    if cfg.out:
+        from pathlib import Path
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def format_eval(report: dict) -> str:
+    hist = report["histogram"]
+    total = max(1, sum(hist))
+    lines = [f"acceptance length {report['acceptance_length']:.3f} over "
+             f"{report['verify_steps']} verify steps, {len(report['per_prompt'])} prompts",
+             "per prompt: " + " ".join(f"{x:.2f}" for x in report["per_prompt"]),
+             "accepted tokens per step:"]
+    for k, c in enumerate(hist, 1):
+        if c:
+            lines.append(f"  {k:>2}  {c:>6}  {'#' * max(1, round(40 * c / total))}")
+    return "\n".join(lines)
+
+
+@hydra.main(config_path="../conf", config_name="eval", version_base="1.3")
+@user_errors_exit
+def main(cfg) -> None:
+    print(format_eval(main_app(cfg)))

@@ -1,0 +1,296 @@
+"""Speculative decoding against the target, and the acceptance length it achieves.
+
+Each verify step the proposer drafts bs-1 tokens after the current token; one target
+forward over [current, drafts] (the prefix lives in the KV cache, logits are computed
+only for these bs positions) gives the target's distribution after each of them.
+Greedy (temperature 0): drafts are accepted up to the first disagreement with the
+target's argmax and the target's own token follows, so the output is exactly the
+target's greedy decoding. Temperature > 0: the standard rejection rule (accept draft x
+with probability min(1, p(x)/q(x)), else resample from max(0, p - q)), which leaves the
+output distributed as the target's own samples. Acceptance length = accepted drafts + 1
+per verify step (the last step of a prompt clamped to `max_new_tokens` / EOS).
+
+Prompts run as a batch: every row shares one cache whose slots grow by bs per step;
+rejected slots stay in the cache but are masked out of attention for good, and finished
+rows leave the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dflash.model.loss import block_embeddings
+
+
+@dataclass
+class EvalResult:
+    accept_lengths: list  # per prompt: accepted tokens per verify step
+    tokens: list  # per prompt: generated token ids
+    block_size: int = 16
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean over all verify steps of all prompts."""
+        steps = [a for row in self.accept_lengths for a in row]
+        return float(np.mean(steps)) if steps else 0.0
+
+    @property
+    def per_prompt(self) -> list:
+        return [float(np.mean(r)) if r else 0.0 for r in self.accept_lengths]
+
+    @property
+    def histogram(self) -> list:
+        """counts[k-1]: verify steps that accepted k tokens (k = 1..block_size)."""
+        counts = np.zeros(self.block_size, dtype=np.int64)
+        for row in self.accept_lengths:
+            for a in row:
+                counts[a - 1] += 1
+        return counts.tolist()
+
+    def as_dict(self) -> dict:
+        return {"acceptance_length": self.acceptance_length, "per_prompt": self.per_prompt,
+                # verify steps per prompt: with per_prompt, the pooled mean of any resample
+                # of the prompts (the comparison's bootstrap of the eval's own noise)
+                "per_prompt_steps": [len(r) for r in self.accept_lengths],
+                "histogram": self.histogram,
+                "verify_steps": int(sum(len(r) for r in self.accept_lengths)),
+                "generated_tokens": int(sum(len(t) for t in self.tokens))}
+
+
+# ---- the target side -----------------------------------------------------------------
+class TargetSession:
+    """The target over a batch of prompts with one KV cache; keeps, per row, the
+    committed tokens and their drafter context (hidden states of the chosen layers)."""
+
+    def __init__(self, target, prompts, capacity: int):
+        from transformers import DynamicCache
+
+        self.target = target
+        dev = target.lm_head_weight.device
+        self.device = dev
+        b = len(prompts)
+        lens = torch.tensor([len(p) for p in prompts], device=dev)
+        width = int(lens.max())
+        ids = torch.zeros(b, width, dtype=torch.long, device=dev)
+        for r, p in enumerate(prompts):
+            ids[r, :len(p)] = torch.as_tensor(p, dtype=torch.long, device=dev)
+        self.keep = torch.arange(width, device=dev)[None, :] < lens[:, None]  # cache slots in use
+        self.lengths = lens.clone()  # committed tokens per row
+        self.cache = DynamicCache()
+        n_ctx = len(target.layer_ids) * target.hidden_size
+        self.ctx = torch.zeros(b, capacity, n_ctx, dtype=target.lm_head_weight.dtype, device=dev)
+        self.ids = torch.zeros(b, capacity, dtype=torch.long, device=dev)
+        self.ids[:, :width] = ids
+        pos = torch.arange(width, device=dev).expand(b, width)
+        hidden, ctx = self._forward(ids, pos, self.keep.long())
+        self.ctx[:, :width] = ctx.to(self.ctx.dtype)
+        last = hidden[torch.arange(b, device=dev), lens - 1]
+        self.first_logits = self._logits(last)  # [B, V]: distribution of the first new token
+
+    def _forward(self, ids, pos, attention_mask):
+        out, ctx = self.target._run_capturing(
+            lambda: self.target.base(input_ids=ids, position_ids=pos,
+                                     attention_mask=attention_mask,
+                                     cache=self.cache, use_cache=True),
+            stop_early=False)
+        return out.last_hidden_state, ctx
+
+    def _logits(self, hidden):
+        return self.target.lm.get_output_embeddings()(hidden).float()
+
+    def verify(self, block: torch.Tensor):
+        """block [B, bs] = [current, drafts]: logits [B, bs, V] and context [B, bs, n*H]."""
+        bs = block.shape[1]
+        pos = self.lengths[:, None] + torch.arange(bs, device=self.device)
+        att = torch.cat([self.keep, torch.ones_like(block, dtype=torch.bool)], dim=1)
+        hidden, ctx = self._forward(block, pos, att.long())
+        return self._logits(hidden), ctx
+
+    def commit(self, block, ctx, n_commit: torch.Tensor):
+        """Keep the first n_commit[b] tokens of row b's verified block."""
+        bs = block.shape[1]
+        taken = torch.arange(bs, device=self.device)[None, :] < n_commit[:, None]
+        self.keep = torch.cat([self.keep, taken], dim=1)
+        rows, cols = taken.nonzero(as_tuple=True)
+        dest = self.lengths[rows] + cols
+        self.ctx[rows, dest] = ctx[rows, cols].to(self.ctx.dtype)
+        self.ids[rows, dest] = block[rows, cols]
+        self.lengths = self.lengths + n_commit
+
+    def select(self, rows: torch.Tensor):
+        """Drop finished rows from the batch (and from the cache)."""
+        for layer in self.cache.layers:
+            layer.batch_select_indices(rows)
+        self.keep, self.lengths = self.keep[rows], self.lengths[rows]
+        self.ctx, self.ids = self.ctx[rows], self.ids[rows]
+
+
+# ---- proposers -----------------------------------------------------------------------
+class DrafterProposer:
+    """The DFlash drafter: one forward drafts the whole block from the target context.
+    `zero_context=True` multiplies the context by zero (the ablation that shows how much
+    the drafter relies on the target)."""
+
+    def __init__(self, drafter, target, zero_context: bool = False):
+        self.drafter, self.target, self.zero = drafter, target, zero_context
+        self.block_size = drafter.spec.block_size
+
+    @torch.no_grad()
+    def logits(self, session: TargetSession, current: torch.Tensor) -> torch.Tensor:
+        """[B, bs-1, V] draft logits for the block anchored at each row's current token."""
+        width = int(session.lengths.max())
+        ctx = session.ctx[:, :width]
+        if self.zero:
+            ctx = ctx * 0
+        valid = torch.arange(width, device=ctx.device)[None, :] < session.lengths[:, None]
+        anchors = session.lengths[:, None]
+        emb = block_embeddings(self.target.embed_tokens, current[:, None],
+                               torch.zeros_like(anchors), self.block_size,
+                               self.drafter.spec.mask_token_id)
+        h = self.drafter(ctx, valid, anchors, torch.ones_like(anchors, dtype=torch.bool), emb)
+        return (h[:, 0, 1:].to(self.target.lm_head_weight.dtype)
+                @ self.target.lm_head_weight.t()).float()
+
+
+class NgramProposer:
+    """A lookup table from the training data: the most frequent next token after the
+    longest matching suffix (up to `order` tokens), chained to fill a block."""
+
+    def __init__(self, sequences, masks=None, order: int = 3, block_size: int = 16):
+        from collections import Counter, defaultdict
+
+        self.order, self.block_size = int(order), int(block_size)
+        counts = [defaultdict(Counter) for _ in range(self.order + 1)]
+        uni = Counter()
+        for i, seq in enumerate(sequences):
+            seq = [int(t) for t in seq]
+            sup = None if masks is None else np.asarray(masks[i], dtype=bool)
+            for t in range(1, len(seq)):
+                if sup is not None and not sup[t]:
+                    continue
+                uni[seq[t]] += 1
+                for n in range(1, self.order + 1):
+                    if t - n < 0:
+                        break
+                    counts[n][tuple(seq[t - n:t])][seq[t]] += 1
+        self.tables = [None] + [{k: c.most_common(1)[0][0] for k, c in counts[n].items()}
+                                for n in range(1, self.order + 1)]
+        self.fallback = uni.most_common(1)[0][0] if uni else 0
+
+    def next_token(self, history: list) -> int:
+        for n in range(min(self.order, len(history)), 0, -1):
+            tok = self.tables[n].get(tuple(history[-n:]))
+            if tok is not None:
+                return tok
+        return self.fallback
+
+    def drafts(self, session: TargetSession, current: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for r in range(len(current)):
+            hist = session.ids[r, :int(session.lengths[r])].tolist() + [int(current[r])]
+            out = []
+            for _ in range(self.block_size - 1):
+                out.append(self.next_token(hist))
+                hist.append(out[-1])
+            rows.append(out)
+        return torch.tensor(rows, dtype=torch.long, device=current.device)
+
+
+# ---- the decoding loop ---------------------------------------------------------------
+def _sample(probs: torch.Tensor, generator) -> torch.Tensor:
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def speculative_decode(target, proposer, prompts, max_new_tokens: int = 64,
+                       temperature: float = 0.0, eos_token_id=None, batch_size: int = 16,
+                       seed: int = 0) -> EvalResult:
+    """Generate up to `max_new_tokens` per prompt; returns tokens and acceptance lengths."""
+    prompts = [list(map(int, p)) for p in prompts]
+    bs = getattr(proposer, "block_size", 16)
+    eos = set() if eos_token_id is None else set(np.atleast_1d(eos_token_id).tolist())
+    result = EvalResult([[] for _ in prompts], [[] for _ in prompts], bs)
+    dev = target.lm_head_weight.device
+    gen = torch.Generator(device=dev).manual_seed(int(seed))
+    for start in range(0, len(prompts), batch_size):
+        chunk = list(range(start, min(len(prompts), start + batch_size)))
+        cap = max(len(prompts[i]) for i in chunk) + max_new_tokens + bs + 1
+        sess = TargetSession(target, [prompts[i] for i in chunk], cap)
+        p0 = sess.first_logits
+        current = p0.argmax(-1) if temperature <= 0 else _sample(
+            torch.softmax(p0 / temperature, -1), gen)
+        alive = list(chunk)  # prompt index of each row still in the batch
+        while alive:
+            if hasattr(proposer, "drafts"):  # proposes token ids (n-gram, prompt lookup)
+                drafts, q = proposer.drafts(sess, current), None
+            else:
+                dl = proposer.logits(sess, current)
+                if temperature <= 0:
+                    drafts, q = dl.argmax(-1), None
+                else:
+                    q = torch.softmax(dl / temperature, -1)
+                    drafts = _sample(q.flatten(0, 1), gen).view(q.shape[:2])
+            block = torch.cat([current[:, None], drafts], dim=1)
+            logits, ctx = sess.verify(block)
+            n, nxt = _accept(logits, drafts, q, temperature, gen)
+            sess.commit(block, ctx, n + 1)
+            keep_rows = []
+            n_host, block_host = n.tolist(), block.tolist()
+            for r, i in enumerate(alive):
+                emitted = block_host[r][:n_host[r] + 1]
+                room = max_new_tokens - len(result.tokens[i])
+                hit = [j for j, t in enumerate(emitted[:room]) if t in eos]
+                emitted = emitted[:min(room, hit[0] + 1 if hit else room)]
+                result.tokens[i] += emitted
+                result.accept_lengths[i].append(len(emitted))
+                if len(result.tokens[i]) < max_new_tokens and not hit:
+                    keep_rows.append(r)
+            if len(keep_rows) < len(alive):
+                idx = torch.tensor(keep_rows, dtype=torch.long, device=dev)
+                sess.select(idx)
+                nxt = nxt[idx]
+                alive = [alive[r] for r in keep_rows]
+            current = nxt
+    return result
+
+
+def _accept(logits, drafts, q, temperature, gen):
+    """(accepted drafts n [B], the token that follows them [B]).
+
+    logits[:, i] is the target's distribution after block token i (current, d1, ...)."""
+    b, k = drafts.shape
+    ar = torch.arange(b, device=drafts.device)
+    if temperature <= 0:
+        choice = logits.argmax(-1)
+        match = (choice[:, :k] == drafts).long()
+        n = torch.cumprod(match, dim=1).sum(1)
+        return n, choice[ar, n]
+    p = torch.softmax(logits / temperature, -1)
+    pd = p[:, :k].gather(2, drafts[..., None]).squeeze(-1)
+    qd = torch.ones_like(pd) if q is None else q.gather(2, drafts[..., None]).squeeze(-1)
+    u = torch.rand(pd.shape, generator=gen, device=pd.device)
+    ok = (u <= (pd / qd.clamp_min(1e-20)).clamp(max=1.0)).long()
+    n = torch.cumprod(ok, dim=1).sum(1)
+    residual = p[ar, n].clone()  # bonus distribution where every draft was accepted
+    rejected = n < k
+    if rejected.any():
+        nr = n.clamp(max=k - 1)
+        qn = (torch.nn.functional.one_hot(drafts[ar, nr], p.shape[-1]).float() if q is None
+              else q[ar, nr])
+        fix = (p[ar, nr] - qn).clamp_min(0)
+        fix = fix / fix.sum(-1, keepdim=True).clamp_min(1e-20)
+        residual = torch.where(rejected[:, None], fix, residual)
+    return n, _sample(residual, gen)
+
+
+def evaluate(target, drafter, prompts, max_new_tokens: int = 64, zero_context: bool = False,
+             **kw) -> EvalResult:
+    was_training = drafter.training
+    drafter.eval()
+    try:
+        return speculative_decode(target, DrafterProposer(drafter, target, zero_context),
+                                  prompts, max_new_tokens, **kw)
+    finally:
+        drafter.train(was_training)

@@ -1,0 +1,61 @@
+"""Held-out prompts for `python -m dflash.eval`, and the drafter/target fit check."""
+from __future__ import annotations
+
+
+def load_prompts(path, limit: int = -1) -> list:
+    """Prompts from a JSONL file ({"prompt_ids": [...]} per line) or a dflash data set
+    directory (each sample's tokens before its first supervised one)."""
+    import json
+    from pathlib import Path
+
+    from dflash.errors import DataError
+
+    path = Path(path)
+    prompts = []
+    if path.is_dir():
+        from dflash.data.format import TokenDataset
+        from dflash.sources.build import prompt_of
+        ds = TokenDataset.open(path)
+        n = len(ds) if limit < 0 else min(limit, len(ds))
+        return [prompt_of(*ds.sample(i)).tolist() for i in range(n)]
+    if not path.exists():
+        raise DataError(f"prompts file not found: {path}")
+    with open(path, encoding="utf-8", errors="strict") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                ids = json.loads(line)["prompt_ids"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise DataError(f"{path}:{n}: expected a JSON object with 'prompt_ids' "
+                                f"({exc})") from exc
+            if not ids or not all(isinstance(t, int) for t in ids):
+                raise DataError(f"{path}:{n}: 'prompt_ids' must be a non-empty list of ints")
+            prompts.append(ids)
+            if 0 <= limit <= len(prompts):
+                break
+    if not prompts:
+        raise DataError(f"{path}: no prompts")
+    return prompts
+
+
+def check_pair(drafter, target, prompts, where: str) -> None:
+    """A drafter trained for another target loads silently and accepts ~nothing: refuse."""
+    from dflash.errors import DataError
+
+    s = drafter.spec
+    n = len(target.base.layers)
+    problems = []
+    if s.hidden_size != target.hidden_size:
+        problems.append(f"hidden size {s.hidden_size} vs the target's {target.hidden_size}")
+    if s.vocab_size != target.vocab_size:
+        problems.append(f"vocabulary {s.vocab_size} vs the target's {target.vocab_size}")
+    if s.num_target_layers != n or max(s.target_layer_ids) >= n:
+        problems.append(f"target_layer_ids {s.target_layer_ids} of a {s.num_target_layers}-layer "
+                        f"target vs this {n}-layer one")
+    if problems:
+        raise DataError(f"{where} does not fit the target: " + "; ".join(problems))
+    bad = [i for i, p in enumerate(prompts) if max(p) >= target.vocab_size]
+    if bad:
+        raise DataError(f"prompt {bad[0]} holds token id {max(prompts[bad[0]])} outside the "
+                        f"target vocabulary of {target.vocab_size}")

@@ -1,0 +1,90 @@
+"""Generation with a local target: batched, KV-cached, finished rows leave the batch.
+
+Greedy decoding runs through dflash's speculative decoder (`dflash.eval.decode`): with a
+trained dflash drafter (`drafter=DIR`) it drafts whole blocks, without one it drafts by
+prompt lookup (the continuation of the latest earlier match of the last tokens, cheap
+and useful on replies that quote their prompt). Both are lossless: the output is the
+target's own greedy decoding (tested). Sampling (temperature > 0, top-p) runs HF
+`generate`, seeded per batch so a rerun of a batch writes the same text.
+"""
+from __future__ import annotations
+
+import torch
+
+from dflash.eval.decode import DrafterProposer, speculative_decode
+
+
+class PromptLookupProposer:
+    """Drafts the tokens that followed the most recent earlier occurrence of the row's
+    last `order`..1 tokens (prompt lookup decoding); the current token repeated when
+    nothing matches."""
+
+    def __init__(self, block_size: int = 4, order: int = 3):
+        self.block_size, self.order = int(block_size), int(order)
+
+    def drafts(self, session, current: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for r in range(len(current)):
+            hist = session.ids[r, :int(session.lengths[r])].tolist() + [int(current[r])]
+            rows.append(self._lookup(hist))
+        return torch.tensor(rows, dtype=torch.long, device=current.device)
+
+    def _lookup(self, hist: list) -> list:
+        want = self.block_size - 1
+        for n in range(min(self.order, len(hist) - 1), 0, -1):
+            tail = hist[-n:]
+            for start in range(len(hist) - n - 1, -1, -1):
+                if hist[start:start + n] == tail:
+                    out = hist[start + n:start + n + want]
+                    if out:
+                        return out + [out[-1]] * (want - len(out))
+        return [hist[-1]] * want
+
+
+class LocalBackend:
+    def __init__(self, target, stop_ids, temperature: float = 0.0, top_p: float = 1.0,
+                 max_new_tokens: int = 512, seed: int = 0, drafter=None, pad_id: int = 0,
+                 proposer=None):
+        self.target, self.stop = target, sorted(set(int(i) for i in stop_ids))
+        self.proposer = proposer  # None: the drafter's if one is given, else prompt lookup
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        self.max_new_tokens, self.seed = int(max_new_tokens), int(seed)
+        self.drafter, self.pad_id = drafter, int(pad_id)
+
+    def generate(self, prompts: list, batch_index: int = 0) -> list[dict]:
+        """Per prompt: generated token ids (stop token excluded), finish reason
+        ("stop" or "length") and the tokens generated (the stop token included)."""
+        if self.temperature <= 0:
+            proposer = self.proposer or (DrafterProposer(self.drafter, self.target)
+                                         if self.drafter is not None else PromptLookupProposer())
+            res = speculative_decode(self.target, proposer, prompts, self.max_new_tokens,
+                                     eos_token_id=self.stop or None, batch_size=len(prompts))
+            outs = res.tokens
+        else:
+            outs = self._sample(prompts, batch_index)
+        return [self._finish(list(map(int, t))) for t in outs]
+
+    def _finish(self, toks: list) -> dict:
+        stop = set(self.stop)
+        for i, t in enumerate(toks):
+            if t in stop:
+                return {"ids": toks[:i], "finish_reason": "stop", "tokens": i + 1}
+        return {"ids": toks[:self.max_new_tokens], "finish_reason": "length",
+                "tokens": min(len(toks), self.max_new_tokens)}
+
+    @torch.no_grad()
+    def _sample(self, prompts: list, batch_index: int) -> list:
+        lm = self.target.lm
+        dev = self.target.lm_head_weight.device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros_like(ids)
+        for r, p in enumerate(prompts):  # left padding: every row's next token at the end
+            ids[r, width - len(p):] = torch.as_tensor(p, device=dev)
+            mask[r, width - len(p):] = 1
+        torch.manual_seed(self.seed * 1_000_003 + batch_index)
+        out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=True,
+                          temperature=self.temperature, top_p=self.top_p, top_k=None,
+                          max_new_tokens=self.max_new_tokens,
+                          eos_token_id=self.stop or None, pad_token_id=self.pad_id)
+        return [row[width:].tolist() for row in out]

@@ -1,0 +1,184 @@
+"""Drafter checkpoints in the public DFlash layout, loadable by serving engines.
+
+    DIR/config.json        Qwen3 config, architectures ["DFlashDraftModel"], top-level
+                           block_size and num_target_layers, and
+                           dflash_config {block_size, mask_token_id, target_layer_ids}
+    DIR/model.safetensors  fc.weight, hidden_norm.weight, norm.weight, layers.{i}.* (no
+                           embeddings or LM head: those are the target's)
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from dflash.errors import DataError
+from dflash.model.drafter import DFlashDrafter, DrafterSpec
+
+
+EXPORT_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def export_dtype(name: str, device) -> torch.dtype:
+    """checkpoint.dtype: auto is bfloat16 for a drafter trained on CUDA, else float32."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def drafter_config_dict(spec: DrafterSpec) -> dict:
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "intermediate_size": spec.intermediate_size,
+        "vocab_size": spec.vocab_size,
+        "rms_norm_eps": spec.rms_norm_eps,
+        # both spellings of rope: transformers < 5 reads rope_theta, 5 rope_parameters
+        "rope_theta": spec.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+        "max_position_embeddings": spec.max_position_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": spec.attention_bias,
+        # dflash trains full attention in every layer; say so, so that no reader
+        # falls back to a sliding-window default
+        "layer_types": ["full_attention"] * spec.num_layers,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": spec.num_layers,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        # older readers take block_size from the top level, newer ones from dflash_config
+        "block_size": spec.block_size,
+        "num_target_layers": spec.num_target_layers,
+        "dflash_config": {"block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
+                          "target_layer_ids": list(spec.target_layer_ids)},
+    }
+
+
+def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = drafter_config_dict(drafter.spec)
+    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu()
+             for k, v in drafter.state_dict().items()}
+    # transformers < 5 reads torch_dtype, 5 reads dtype: both say what the file holds
+    cfg["torch_dtype"] = cfg["dtype"] = str(next(iter(state.values())).dtype).replace("torch.", "")
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+def _rope_theta(cfg: dict, where: str) -> float:
+    """rope theta from `rope_parameters` (transformers 5) or `rope_theta`; only plain
+    rope is what the drafter computes, so a scaled variant is refused, not ignored."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise DataError(f"{where}: rope_type {kind!r} is not supported by dflash's drafter "
+                        "(plain rope only); refusing to load it as plain rope")
+    theta = params.get("rope_theta", cfg.get("rope_theta"))
+    return float(theta) if theta is not None else 1_000_000.0
+
+
+def _check_full_attention(cfg: dict, where: str) -> None:
+    kinds = cfg.get("layer_types") or []
+    sliding = [i for i, k in enumerate(kinds) if k != "full_attention"]
+    if sliding or (cfg.get("use_sliding_window") and not kinds):
+        what = (f"layers {sliding} are {sorted({kinds[i] for i in sliding})}" if sliding
+                else f"use_sliding_window is true (window {cfg.get('sliding_window')})")
+        raise DataError(f"{where}: {what}; dflash's drafter attends to the full context in "
+                        "every layer, so it cannot load a sliding-window drafter faithfully")
+
+
+def _check_unsupported(cfg: dict, where: str) -> None:
+    """Keys a public reader honours that dflash's drafter does not compute: loading
+    them anyway would run a different model under the same weights."""
+    if cfg.get("is_causal"):
+        raise DataError(f"{where}: is_causal is true; dflash's drafter attends bidirectionally "
+                        "within a block (the DFlash design), so it cannot load a causal-block "
+                        "drafter faithfully")
+    dc = cfg.get("dflash_config", {})
+    taps, n = dc.get("target_layer_ids"), cfg.get("num_target_layers")
+    if taps is not None and n is not None and int(n) - 1 in [int(i) for i in taps]:
+        raise DataError(f"{where}: dflash_config.target_layer_ids={list(taps)} taps layer "
+                        f"{int(n) - 1}, the target's last (engines read it before the final "
+                        "norm, converters drop it); this drafter cannot be served as trained")
+
+
+def spec_from_config(cfg: dict, where: str) -> DrafterSpec:
+    _check_full_attention(cfg, where)
+    _check_unsupported(cfg, where)
+    try:
+        dc = cfg.get("dflash_config", {})
+        return DrafterSpec(
+            hidden_size=cfg["hidden_size"], num_layers=cfg["num_hidden_layers"],
+            num_heads=cfg["num_attention_heads"], num_kv_heads=cfg["num_key_value_heads"],
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+            intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
+            num_target_layers=cfg["num_target_layers"],
+            target_layer_ids=list(dc["target_layer_ids"]),
+            block_size=int(dc.get("block_size", cfg.get("block_size", 16))),
+            mask_token_id=int(dc["mask_token_id"]), rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=_rope_theta(cfg, where),
+            max_position_embeddings=cfg.get("max_position_embeddings", 40960),
+            attention_bias=bool(cfg.get("attention_bias", False)))
+    except KeyError as exc:
+        raise DataError(f"{where}: missing key {exc} for a DFlash drafter") from exc
+
+
+# what a drafter must share with the run it is loaded into (warm start), each with the
+# key a user would change to make them agree
+MUST_MATCH = {"hidden_size": "the target's hidden size",
+              "num_layers": "model.drafter.num_layers",
+              "block_size": "model.drafter.block_size",
+              "target_layer_ids": "model.target.layer_ids",
+              "num_target_layers": "the target's layer count",
+              "mask_token_id": "model.drafter.mask_token_id",
+              "vocab_size": "the target's vocabulary",
+              "num_heads": "the target's attention heads",
+              "num_kv_heads": "the target's KV heads",
+              "head_dim": "the target's head_dim",
+              "intermediate_size": "the target's intermediate size"}
+
+
+def check_compatible(loaded: DrafterSpec, want: DrafterSpec, where: str) -> None:
+    """Refuse a drafter whose shape or serving contract differs from the run's, naming
+    the first differing field (its weights would not fit, or would mean something else)."""
+    for name, key in MUST_MATCH.items():
+        a, b = getattr(loaded, name), getattr(want, name)
+        if (list(a) if isinstance(a, (list, tuple)) else a) != \
+                (list(b) if isinstance(b, (list, tuple)) else b):
+            raise DataError(f"{where}: {name} is {a} there but {b} in this run ({key}); "
+                            "a warm start needs the same drafter shape and serving contract")
+
+
+def load_drafter(path: str | Path, device="cpu") -> DFlashDrafter:
+    path = Path(path)
+    cfg_file, weights = path / "config.json", path / "model.safetensors"
+    for f in (cfg_file, weights):
+        if not f.exists():
+            raise DataError(f"drafter checkpoint {path}: {f.name} is missing")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{cfg_file} is corrupt: {exc}") from exc
+    if "DFlashDraftModel" not in cfg.get("architectures", []):
+        raise DataError(f"{cfg_file}: architectures {cfg.get('architectures')} is not a "
+                        "DFlash drafter")
+    drafter = DFlashDrafter(spec_from_config(cfg, str(cfg_file)))
+    try:
+        state = load_file(str(weights), device=str(device))
+    except Exception as exc:
+        raise DataError(f"{weights} is corrupt: {exc}") from exc
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DataError(f"{weights}: missing {sorted(missing)[:5]}, unexpected "
+                        f"{sorted(unexpected)[:5]} parameter names")
+    return drafter.to(device)

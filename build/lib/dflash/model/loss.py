@@ -1,0 +1,196 @@
+"""Anchor sampling, block inputs and the position-weighted drafter loss.
+
+For each sequence `num_anchors` anchor slots are filled with positions a where both
+a and a+1 are supervised (at inference an anchor is always a token the target wrote);
+slots beyond the candidates are marked invalid. Block position k (1..bs-1) predicts
+token a+k with weight exp(-(k-1)/gamma) (a draft is accepted up to its first miss, so
+early positions matter most); the loss is the weighted mean cross-entropy through the
+fused LM-head kernel.
+
+Normalisation (`optim.loss_norm`). `batch`: the weighted mean over the batch, so a
+block's weight is 1 / (the weight of its batch) and depends on which samples a batching
+strategy put together (and, under DDP, on what the other ranks drew). `plan`: the
+weighted sum divided by a constant known before step 1 (the plan's mean supervised
+weight per batch), so every supervised (block position, token) counts the same whatever
+batch or rank it lands in; DDP's mean over ranks then makes a step the sum over all
+ranks' blocks divided by the expected weight of a whole step.
+
+Every shape here is fixed by (batch size, padded length, num_anchors) and nothing reads
+a value back to the host: the step runs without synchronising, and its metrics stay on
+the device until the trainer gathers them every `logger.log_every` steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash.kernels import fused_lm_head_ce
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What the drafter is trained to do, and how its loss is computed."""
+    num_anchors: int  # anchor slots per row (model.drafter.num_anchors; packed: per row)
+    gamma: float = 7.0  # block position k weighs exp(-(k-1)/gamma)
+    anchors_per_document: int = 0  # packed rows: each document's cap (0: none)
+    chunk: int = 0  # LM-head rows per chunk (0: from chunk_mb and the vocabulary)
+    chunk_mb: float = 256
+    impl: str = "auto"  # fused CE kernel: auto | torch | triton
+    norm: str = "batch"  # batch: weighted mean of the batch | plan: sum / batch_weight
+    batch_weight: float = 1.0  # plan: the plan's mean supervised weight per batch
+
+    def __post_init__(self):
+        if self.norm not in LOSS_NORMS:
+            raise ValueError(f"optim.loss_norm must be one of {LOSS_NORMS}, got {self.norm!r}")
+        if self.norm == "plan" and not self.batch_weight > 0:
+            raise ValueError(f"loss_norm=plan needs a positive batch_weight, got {self.batch_weight}")
+
+    def block_weight(self, block_size: int) -> float:
+        """The loss weight of one fully supervised block."""
+        return float(position_weights(block_size, self.gamma).sum())
+
+    def expected_batch_weight(self, candidates, plan, block_size: int) -> float:
+        """The mean supervised weight of a batch of `plan`: each sample contributes
+        min(anchor slots, its anchor candidates) full blocks (a block cut by the end of
+        its reply weighs less: a constant factor, the same for every batch)."""
+        import numpy as np
+        cap = self.anchors_per_document if plan.rows is not None and self.anchors_per_document \
+            else self.num_anchors
+        per_sample = np.minimum(np.asarray(candidates, dtype=np.int64), int(cap))
+        blocks = int(per_sample[plan.indices].sum())
+        return max(1.0, blocks * self.block_weight(block_size) / max(1, plan.num_batches))
+
+
+LOSS_NORMS = ("batch", "plan")
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar: what is minimised (see Objective.norm)
+    acc: torch.Tensor  # [bs-1] top-1 accuracy of block positions 1..bs-1 (device)
+    accept_len: torch.Tensor  # scalar: teacher-forced 1 + mean leading correct predictions
+    rows: torch.Tensor  # scalar int64: supervised (block position, target) pairs
+    blocks: torch.Tensor  # scalar int64: valid anchors
+    ce: torch.Tensor | None = None  # scalar: weighted mean CE of the batch (what is logged)
+
+
+def position_weights(block_size: int, gamma: float) -> torch.Tensor:
+    k = torch.arange(1, block_size, dtype=torch.float32)
+    return torch.exp(-(k - 1) / gamma)
+
+
+def anchor_candidates(loss_mask: torch.Tensor, valid: torch.Tensor,
+                      position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, S] bool: positions a with loss_mask[a] and loss_mask[a+1] (both real tokens,
+    and in packed rows both in the same document)."""
+    sup = loss_mask.bool() & valid.bool()
+    cand = torch.zeros_like(sup)
+    cand[:, :-1] = sup[:, :-1] & sup[:, 1:]
+    if position_ids is not None:
+        cand[:, :-1] &= position_ids[:, 1:] == position_ids[:, :-1] + 1
+    return cand
+
+
+def _per_document_cap(score: torch.Tensor, cand: torch.Tensor, position_ids: torch.Tensor,
+                      cap: int) -> torch.Tensor:
+    """Candidates that rank among the `cap` best scores of their own document: a packed
+    document then gets at most the slots it would get as a row of its own."""
+    doc = torch.cumsum((position_ids == 0).long(), dim=1)  # documents are contiguous
+    # sort by (document, candidates first by falling score): keys stay in [doc, doc + 1)
+    key = doc.double() + torch.where(cand, (1.0 - score.double()) * 0.5,
+                                     torch.full_like(score, 0.75, dtype=torch.float64))
+    key_sorted, order = torch.sort(key, dim=1)
+    doc_sorted = key_sorted.floor().contiguous()
+    first = torch.searchsorted(doc_sorted, doc_sorted, side="left")
+    rank = torch.arange(key.shape[1], device=key.device)[None] - first
+    keep = torch.zeros_like(cand)
+    keep.scatter_(1, order, rank < cap)
+    return cand & keep
+
+
+def sample_anchors(loss_mask: torch.Tensor, valid: torch.Tensor, num_anchors: int,
+                   generator: torch.Generator | None = None,
+                   position_ids: torch.Tensor | None = None, per_document: int = 0):
+    """anchors [B, num_anchors] (sorted: sorted anchors keep flex tiles dense) and
+    anchor_valid [B, num_anchors]; invalid slots hold position 0. Slots are drawn
+    uniformly among a row's candidates. In a packed row with `per_document` > 0 each
+    document first keeps at most that many candidates (uniformly drawn), as if it were a
+    row of its own with that many slots: training then sees the same blocks, document
+    by document, as unpacked training (tested: equal losses step by step)."""
+    b, s = loss_mask.shape
+    cand = anchor_candidates(loss_mask, valid, position_ids)
+    score = torch.rand(b, s, generator=generator, device=loss_mask.device)
+    if position_ids is not None and per_document > 0:
+        cand = _per_document_cap(score, cand, position_ids, int(per_document))
+    score = torch.where(cand, score, torch.full_like(score, -1.0))
+    k = min(int(num_anchors), s)
+    top = score.topk(k, dim=1)
+    ok = top.values >= 0
+    anchors, order = torch.sort(torch.where(ok, top.indices, torch.full_like(top.indices, s)), dim=1)
+    ok = torch.gather(ok, 1, order)
+    anchors = torch.where(ok, anchors, torch.zeros_like(anchors))
+    if k < num_anchors:  # a row shorter than the slot count: pad with invalid slots
+        pad = num_anchors - k
+        anchors = torch.cat([anchors, anchors.new_zeros(b, pad)], dim=1)
+        ok = torch.cat([ok, ok.new_zeros(b, pad)], dim=1)
+    return anchors, ok
+
+
+def block_targets(ids, loss_mask, valid, anchors, anchor_valid, block_size, position_ids=None):
+    """targets [B, A, bs-1] and supervision mask for block positions 1..bs-1 (in packed
+    rows only positions still in the anchor's document are supervised)."""
+    s = ids.shape[1]
+    k = torch.arange(1, block_size, device=ids.device)
+    pos = anchors[:, :, None] + k  # [B, A, bs-1]
+    inside = pos < s
+    pos_c = pos.clamp(max=s - 1)
+    flat = lambda x: torch.gather(x, 1, pos_c.flatten(1)).view_as(pos)  # noqa: E731
+    sup = inside & flat(loss_mask.bool()) & flat(valid.bool()) & anchor_valid[:, :, None]
+    if position_ids is not None:
+        start = torch.gather(position_ids, 1, anchors)[:, :, None]
+        sup = sup & (flat(position_ids) == start + k)
+    return flat(ids), sup
+
+
+def block_embeddings(embed, ids, anchors, block_size, mask_token_id):
+    b, a = anchors.shape
+    anchor_tok = torch.gather(ids, 1, anchors)
+    toks = torch.full((b, a, block_size), mask_token_id, dtype=ids.dtype, device=ids.device)
+    toks[:, :, 0] = anchor_tok
+    return embed(toks)
+
+
+def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, valid,
+                 objective: Objective, generator=None, anchors=None,
+                 position_ids=None) -> LossOutput:
+    """`anchors` (a pair from `sample_anchors`) may be given to reuse a draw."""
+    spec = getattr(drafter, "module", drafter).spec  # through a DDP wrapper too
+    bs, ob = spec.block_size, objective
+    if anchors is None:
+        anchors = sample_anchors(loss_mask, valid, ob.num_anchors, generator, position_ids,
+                                 ob.anchors_per_document)
+    anchors, anchor_valid = anchors
+    emb = block_embeddings(embed, ids, anchors, bs, spec.mask_token_id)
+    hidden = drafter(target_ctx, valid, anchors, anchor_valid, emb,
+                     position_ids)[:, :, 1:]  # [B, A, bs-1, H]
+    targets, sup = block_targets(ids, loss_mask, valid, anchors, anchor_valid, bs, position_ids)
+    # Unsupervised rows stay in with weight 0: a fixed row count, no boolean indexing
+    # (which would read the count back to the host every step).
+    w = position_weights(bs, ob.gamma).to(hidden.device) * sup
+    targets = torch.where(sup, targets, torch.zeros_like(targets))
+    loss, _, argmax = fused_lm_head_ce(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight,
+                                       targets.flatten(), w.flatten(), chunk=ob.chunk, impl=ob.impl,
+                                       chunk_mb=ob.chunk_mb)
+    correct = (argmax.view_as(sup) == targets) & sup
+    acc = correct.sum((0, 1)) / sup.sum((0, 1)).clamp_min(1)
+    streak = torch.cumprod(correct.long(), dim=2).sum(2)  # leading correct drafts per block
+    blocks = anchor_valid.sum()
+    accept = 1.0 + (streak * anchor_valid).sum() / blocks.clamp_min(1)
+    # a batch without a single supervised row still yields a differentiable zero
+    ce = torch.where(sup.any(), loss, hidden.sum() * 0.0)
+    if ob.norm == "plan":  # the weighted sum over a constant: every block weighs the same
+        loss = ce * (w.sum() / ob.batch_weight)
+    else:
+        loss = ce
+    return LossOutput(loss, acc.detach(), accept.detach(), sup.sum(), blocks, ce.detach())

@@ -1,0 +1,109 @@
+"""`python -m dflash.regenerate inputs=[chats.jsonl] out=regen.jsonl model.target.path=DIR`
+
+On-policy data: the target writes the replies its drafter will learn. Reads chat JSONL
+(the formats `dflash.data.prepare` reads), regenerates the last assistant turn
+(`turns=last`) or every assistant turn in order (`turns=each`) with the local target
+(batched by length, KV-cached, greedy by default; `drafter=DIR` accelerates greedy
+decoding losslessly) or an OpenAI-compatible server (`backend=openai
+openai.base_url=...`), and writes chat JSONL that `prepare` reads unchanged, with
+`finish_reason` and `generated_tokens` per line, plus OUT.report.json. Rerunning the same
+command after a kill continues from OUT.parts/. Under torchrun every rank takes a share
+of the batches and rank 0 writes the merged output.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from dflash import config
+from dflash.data.loss_mask import end_of_turn_ids
+from dflash.data.prepare import load_tokenizer
+from dflash.errors import ConfigError, user_errors_exit
+from dflash.generation.runner import Regeneration
+from dflash.options import choice
+from dflash.topology import build_topology
+
+config.register()
+
+log = logging.getLogger("dflash.regenerate")
+
+
+def build_backend(cfg, tok, topo):
+    if choice(cfg.backend) == "openai":
+        from dflash.generation.remote import OpenAIBackend
+        o = cfg.openai
+        return OpenAIBackend(o.base_url, o.model, o.api_key_env, o.concurrency, o.timeout,
+                             o.retries, cfg.temperature, cfg.top_p, cfg.max_new_tokens,
+                             dict(cfg.chat_template_kwargs), cfg.seed)
+    from dflash.generation.local import LocalBackend
+    from dflash.model.target import Target
+    drafter = None
+    target = Target.from_config(cfg.model.target)
+    if cfg.drafter:
+        if float(cfg.temperature) > 0:
+            raise ConfigError("drafter= accelerates greedy decoding only (temperature=0)")
+        from dflash.model.checkpoint import load_drafter
+        drafter = load_drafter(cfg.drafter, topo.target_device).eval()
+        target = Target(target.lm, list(drafter.spec.target_layer_ids))
+    target = target.to(topo.target_device).eval()
+    if len(tok) > target.vocab_size:
+        raise ConfigError(f"tokenizer has {len(tok)} tokens, more than the target's "
+                          f"vocabulary of {target.vocab_size}")
+    stop = set(end_of_turn_ids(tok))
+    if tok.eos_token_id is not None:
+        stop.add(int(tok.eos_token_id))
+    return LocalBackend(target, stop, cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed,
+                        drafter, pad_id=tok.pad_token_id or 0)
+
+
+def run_regenerate(cfg: DictConfig, out_dir) -> dict:
+    # every rank started (torchrun, SLURM) takes a share: the replica count is the world
+    cfg.topology.dp_size = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
+    topo = build_topology(cfg.topology)
+    tok_dir = cfg.tokenizer or cfg.model.target.path
+    if not tok_dir:
+        raise ConfigError("regenerate needs a tokenizer: set tokenizer=DIR or model.target.path")
+    tok = load_tokenizer(tok_dir)
+    backend = build_backend(cfg, tok, topo)
+    logger = None
+    if cfg.logger.name == "wandb" and topo.is_main:
+        from dflash.loggers import build_logger
+        logger = build_logger(cfg.logger, Path(out_dir), OmegaConf.to_container(cfg, resolve=True))
+    barrier = torch.distributed.barrier if topo.distributed else None
+    with torch.no_grad():
+        report = Regeneration(cfg, backend, tok, topo.rank, topo.world_size, barrier, logger).run(
+            Path(cfg.out))
+    if logger is not None:
+        logger.summary({k: v for k, v in report.items() if isinstance(v, (int, float))})
+        logger.finish()
+    return report
+
+
+def format_report(r: dict) -> str:
+    lines = [f"{r['conversations_written']} of {r['conversations_read']} conversations written "
+             f"to {r['output']}; {r['lines_skipped']} skipped, {r['truncated']} replies hit "
+             f"max_new_tokens ({r['truncated_policy']})",
+             f"{r['generated_tokens']:,} tokens generated; this run "
+             f"{r['generated_tokens_this_run']:,} in {r['seconds']:.1f} s "
+             f"({r['tokens_per_second']:,.0f} tok/s), {r['batches_resumed']} batches resumed, "
+             f"{r['failed_requests_retried']} failed requests asked again"]
+    lines += [f"  skipped {s['where']}: {s['reason']}" for s in r["skipped"][:10]]
+    return "\n".join(lines)
+
+
+@hydra.main(config_path="conf", config_name="regenerate", version_base="1.3")
+@user_errors_exit
+def main(cfg: DictConfig) -> None:
+    report = run_regenerate(cfg, HydraConfig.get().runtime.output_dir)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(format_report(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""What a training run reads: the data set, the frozen target and held-out eval prompts.
+
+`data=world` (the CPU default) fits its own tiny target and writes target-consistent
+data (see `dflash.sources.world`); every other source uses the configured target as is and
+holds out the last `eval.num_prompts` samples, whose prompts (the tokens before the
+first supervised one) training never sees.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from dflash.options import choice
+from dflash.data.build import Data, load_data
+from dflash.data.overlong import apply_to_lengths
+from dflash.data.synthetic import synthetic_lengths
+from dflash.errors import ConfigError, DataError
+from dflash.model.drafter import mask_token_id
+from dflash.model.target import Target, target_vocab_size
+
+
+@dataclass
+class Sources:
+    data: Data  # what the planner sees (held-out samples excluded)
+    target: Target
+    eval_prompts: list  # 1-D int arrays
+    target_dir: str | None = None  # where the target's HF files are (None: built in memory)
+
+
+def _world(cfg, progress: bool) -> Sources:
+    from dflash.sources.world import World, held_out_prompts, load_world
+
+    d = cfg.data
+    raw = synthetic_lengths(d.num_samples, d.length_scale, d.min_length, d.seed)
+    lengths, _, report = apply_to_lengths(raw, d.max_seq_len, choice(d.overlong), "world data")
+    world = load_world(d, cfg.model.target, lengths, progress=progress)
+    tcfg = OmegaConf.merge(cfg.model.target, {"path": str(world.target_dir)})
+    target = Target.from_config(tcfg)
+    n_eval = int(cfg.eval.num_prompts)
+    eval_lengths = synthetic_lengths(max(1, n_eval), d.length_scale, d.min_length, d.seed + 1)
+    prompts = held_out_prompts(World(int(d.vocab_size), int(d.period), int(d.slot_size)),
+                               eval_lengths, d.seed)[:n_eval]
+    info = {"source": "world", "num_samples": len(lengths), **report.as_dict(),
+            "target_dir": str(world.target_dir), "path": str(world.dataset.path),
+            **{k: world.dataset.meta[k] for k in ("target_rewritten_samples",
+                                                   "target_unsettled_samples")}}
+    return Sources(Data(lengths, world.dataset, info), target, prompts, str(world.target_dir))
+
+
+def prompt_of(tokens: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """The tokens before the first supervised one (at least one token)."""
+    sup = np.flatnonzero(loss_mask)
+    return np.asarray(tokens[:max(1, int(sup[0]) if len(sup) else len(tokens))], dtype=np.int64)
+
+
+def build_sources(cfg, progress: bool = True) -> Sources:
+    if choice(cfg.data.source) == "world":
+        return _world(cfg, progress)
+    vocab = target_vocab_size(cfg.model.target)  # a bad model path fails before data work
+    data = load_data(cfg.data, need_tokens=True)
+    if data.dataset is None:
+        raise DataError("training needs token data: data.source=lengths only plans "
+                        "(use data=world, synthetic or tokenized)")
+    data.dataset.check_vocab(vocab)
+    data.dataset.check_absent(mask_token_id(cfg.model.drafter, vocab), "model.drafter.mask_token_id")
+    n_eval = int(cfg.eval.num_prompts) if cfg.eval.enabled else 0
+    if n_eval >= len(data.lengths):
+        raise ConfigError(f"eval.num_prompts={n_eval} leaves no training samples of "
+                        f"{len(data.lengths)}")
+    keep = len(data.lengths) - n_eval
+    prompts = [prompt_of(*data.dataset.sample(i)) for i in range(keep, len(data.lengths))]
+    data = Data(data.lengths[:keep], data.dataset, {**data.info, "held_out": n_eval})
+    target = Target.from_config(cfg.model.target)
+    return Sources(data, target, prompts, cfg.model.target.path and str(Path(cfg.model.target.path)))

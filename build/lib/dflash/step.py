@@ -1,0 +1,144 @@
+"""One training step, split into the two stages the pipeline runs apart.
+
+    target stage   collated batch -> frozen target context (no grad, early stop)
+    drafter stage  context -> anchors -> drafter -> fused LM-head CE -> backward ->
+                   clip -> AdamW -> LR schedule
+
+Nothing here reads a value back to the host: the step's metrics are device tensors
+that `dflash.metrics.StepMetrics` sums, and the trainer synchronises them every
+`logger.log_every` steps. Mixed precision: the target runs in its own dtype (bf16 for production); the
+drafter keeps fp32 master weights and computes under `torch.autocast` when enabled.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dflash.model.loss import Objective, drafter_loss
+
+
+AUTOCAST = ("auto", "bf16", "off")
+NONFINITE = ("stop", "skip")
+
+
+@dataclass
+class DeviceBatch:
+    """A collated batch on its device, with the plan's own Batch beside it."""
+    batch: object  # dflash.batching.epoch_plan.Batch
+    ids: torch.Tensor  # [B, S] int64
+    loss_mask: torch.Tensor  # [B, S] bool
+    valid: torch.Tensor  # [B, S] bool
+    shape: object = None  # dflash.warmup.shapes.Shape the batch runs at (None: its natural shape)
+    # packed rows: position of each token inside its own document [B, S] int64 (the
+    # target and the drafter keep attention inside documents from it); None: unpacked
+    position_ids: torch.Tensor | None = None
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.ids.numel())
+
+
+def autocast_for(device: torch.device, mode: str):
+    """`model.autocast`: auto = bf16 on CUDA, off elsewhere; bf16 | off force it."""
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """How the update is taken: clipping, mixed precision, non-finite handling."""
+    grad_clip: float = 1.0  # 0: no clip
+    autocast: str = "auto"  # auto = bf16 on CUDA only | bf16 | off
+    log_grad_norm: bool = True  # without a clip the norm costs a reduction: optional
+    nonfinite: str = "stop"  # stop (found at the next sync) | skip (one host read a step)
+
+    def __post_init__(self):
+        if self.nonfinite not in NONFINITE:
+            raise ValueError(f"optim.nonfinite must be 'stop' or 'skip', got {self.nonfinite!r}")
+
+
+class TrainStep:
+    def __init__(self, target, drafter, optimizer, scheduler, objective: Objective,
+                 policy: StepPolicy = StepPolicy(), generator: torch.Generator | None = None,
+                 module=None, local=None):
+        self.target, self.drafter = target, drafter
+        # `module` runs the training forward (a DDP wrapper of `local`); `local` is the
+        # same forward without DDP (compiled when `model.compile` is on), for warmup;
+        # `drafter` owns the weights
+        self.local = local if local is not None else drafter
+        self.module = module if module is not None else self.local
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.objective, self.policy = objective, policy
+        self.device = next(drafter.parameters()).device
+        self.target_device = next(target.parameters()).device
+        self.generator = generator or torch.Generator(device=self.device).manual_seed(0)
+        # the warm run draws its anchors from its own stream: training's stays untouched
+        self.warm_generator = torch.Generator(device=self.device).manual_seed(1)
+
+    # ---- target stage --------------------------------------------------------------
+    def context(self, b: DeviceBatch) -> torch.Tensor:
+        if b.position_ids is not None:
+            # packed: no 2-D mask, per-document positions; HF builds the document mask
+            # from where the positions restart (sdpa, eager, flex and flash alike)
+            return self.target.context(b.ids, None, b.position_ids)
+        attn = b.valid.long()
+        # a padding row has no real token; letting it attend to its first position keeps
+        # the target's softmax defined (its context is never read: nothing valid there)
+        attn[:, 0] = 1
+        return self.target.context(b.ids, attn)
+
+    # ---- drafter stage -------------------------------------------------------------
+    def _loss(self, module, b: DeviceBatch, ctx: torch.Tensor, generator):
+        module.train()
+        with autocast_for(self.device, self.policy.autocast):
+            return drafter_loss(module, ctx, self.target.embed_tokens,
+                                self.target.lm_head_weight, b.ids, b.loss_mask, b.valid,
+                                self.objective, generator, position_ids=b.position_ids)
+
+    def warm_step(self, b: DeviceBatch, ctx: torch.Tensor) -> None:
+        """Forward and backward of the real step without the update (the bare drafter:
+        no DDP all-reduce, so ranks may warm at their own pace)."""
+        out = self._loss(self.local, b, ctx, self.warm_generator)
+        out.loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def drafter_step(self, b: DeviceBatch, ctx: torch.Tensor) -> dict:
+        out = self._loss(self.module, b, ctx, self.generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        pol = self.policy
+        params = [p for p in self.drafter.parameters() if p.grad is not None]
+        if pol.grad_clip > 0:  # the norm comes with the clip
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, pol.grad_clip)
+        elif pol.log_grad_norm:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        else:  # no clip and not logged: skip a reduction over every parameter
+            grad_norm = torch.zeros((), device=self.device)
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped = False
+        if pol.nonfinite == "skip":  # the one host read of this mode
+            total = grad_norm if grad_norm.numel() and (pol.grad_clip > 0 or pol.log_grad_norm) \
+                else torch.zeros((), device=self.device)
+            skipped = not bool(torch.isfinite(out.loss.detach()) & torch.isfinite(total))
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)  # no update from this batch
+        else:
+            self.optimizer.step()
+        self.scheduler.step()  # the schedule follows steps taken, skipped or not
+        return {"loss": out.ce.float(), "accept_est": out.accept_len.float(),
+                "acc": out.acc.float(), "grad_norm": grad_norm.detach().float(), "lr": lr,
+                "rows": out.rows, "skipped": skipped}
+
+    def __call__(self, b: DeviceBatch) -> dict:
+        return self.drafter_step(b, self.context(b))
+
+
+def seeded_generator(device: torch.device, seed: int, rank: int = 0) -> torch.Generator:
+    """Anchor draws: one stream per (seed, rank), on the device that uses it."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(np.random.SeedSequence([int(seed), int(rank), 77]).generate_state(1)[0]))
+    return g

@@ -1,0 +1,120 @@
+"""Where this process runs: rank, world size and device, from torchrun's env + config.
+
+One process per (target device, drafter device) pair; with several processes the
+drafter replicas are kept in sync by DistributedDataParallel (NCCL on GPU, gloo on
+CPU). The frozen target is never wrapped.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from dflash.options import choice
+from dflash.errors import TopologyError
+
+
+@dataclass
+class Topology:
+    rank: int
+    world_size: int
+    local_rank: int
+    target_device: torch.device
+    drafter_device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(kind: str) -> torch.device:
+    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise TopologyError("topology.device=cuda but no CUDA device is visible "
+                            "(use topology=cpu)")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def pair_devices(cfg, local: int, local_world: int, gpus: int) -> tuple[int, int]:
+    """GPU indices (target, drafter) of local rank `local`."""
+    t, d = list(cfg.target_devices), list(cfg.drafter_devices)
+    if len(t) != len(d):
+        raise TopologyError(f"topology {cfg.name}: target_devices {t} and drafter_devices {d} "
+                        "must list one GPU per pair each")
+    if not t:  # a GPU each when the node has enough, else the pair shares one
+        return (2 * local, 2 * local + 1) if 2 * local_world <= gpus else (local % gpus,) * 2
+    if local >= len(t):
+        raise TopologyError(f"topology {cfg.name}: local rank {local} has no pair in "
+                        f"target_devices {t} (start at most {len(t)} processes per node)")
+    bad = [g for g in (t[local], d[local]) if not 0 <= g < gpus]
+    if bad:
+        raise TopologyError(f"topology {cfg.name}: GPU {bad[0]} of pair {local} does not exist "
+                        f"({gpus} visible)")
+    return t[local], d[local]
+
+
+def _from_submitit() -> None:
+    """Under `hydra/launcher=submitit_slurm` each SLURM task runs the app without torchrun:
+    take rank, world size and the rendezvous address from the job's environment."""
+    if "WORLD_SIZE" in os.environ or "SUBMITIT_EXECUTOR" not in os.environ:
+        return
+    try:
+        from submitit.helpers import TorchDistributedEnvironment
+    except ImportError as exc:
+        raise TopologyError("a submitit job without torchrun needs submitit "
+                        "(pip install -e '.[slurm]')") from exc
+    TorchDistributedEnvironment().export()
+
+
+def build_topology(cfg) -> Topology:
+    _from_submitit()
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if int(cfg.dp_size) != world:
+        raise TopologyError(f"topology {cfg.name} plans for dp_size={cfg.dp_size} data-parallel "
+                        f"processes but {world} were started (torchrun --nproc_per_node x "
+                        f"nodes); start {cfg.dp_size} or set topology.dp_size={world}")
+    if cfg.expandable_segments and choice(cfg.device) != "cpu":
+        # before the first CUDA allocation; variable shapes otherwise fragment the cache
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    device = resolve_device(choice(cfg.device))
+    drafter_device = device
+    if device.type == "cuda" and (world > 1 or cfg.target_devices):
+        ti, di = pair_devices(cfg, local, local_world, torch.cuda.device_count())
+        device, drafter_device = torch.device("cuda", ti), torch.device("cuda", di)
+    if world > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if drafter_device.type == "cuda" else "gloo"
+        if drafter_device.type == "cuda":
+            torch.cuda.set_device(drafter_device)
+        torch.distributed.init_process_group(backend)
+    return Topology(rank, world, local, device, drafter_device)
+
+
+def replica_digests(state_dict: dict, topo) -> list[str]:
+    """A digest of the drafter's weights from every rank: DDP replicas must be equal bit
+    for bit after the last step, or the run stops here saying so."""
+    import hashlib
+    h = hashlib.sha256()
+    for k, v in sorted(state_dict.items()):
+        h.update(k.encode())
+        h.update(v.detach().float().cpu().numpy().tobytes())
+    mine = h.hexdigest()[:16]
+    if not topo.distributed:
+        return [mine]
+    import torch.distributed as dist
+    every = [None] * topo.world_size
+    dist.all_gather_object(every, mine)
+    if len(set(every)) > 1:
+        raise RuntimeError(f"drafter replicas diverged across ranks: {every}")
+    return every
