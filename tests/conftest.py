@@ -19,14 +19,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def world_cache(tmp_path_factory, worker_id):
-    """Shared data cache: the fitted world target, and the compile caches warmup uses.
-    One per run, shared by xdist's workers (the world's file locks let one fit it)."""
-    if worker_id == "master":
-        return tmp_path_factory.mktemp("world-cache")
-    shared = tmp_path_factory.getbasetemp().parent / "world-cache"
-    shared.mkdir(exist_ok=True)
-    return shared
+def world_cache(tmp_path_factory):
+    """Shared data cache: the fitted world target, and the compile caches warmup uses."""
+    return tmp_path_factory.mktemp("world-cache")
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,14 @@ from tests.helpers.run import WORLD
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """The package as `pip install .` puts it: a wheel, installed into its own dir."""
+    import shutil
     build, site = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("site")
+    src = tmp_path_factory.mktemp("src")  # setuptools builds in the source tree: a copy
+    shutil.copytree(REPO / "dflash", src / "dflash", ignore=shutil.ignore_patterns("__pycache__"))
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / f, src / f)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(build), str(REPO)], check=True, timeout=300,
+                    "-q", "-w", str(build), str(src)], check=True, timeout=300,
                    capture_output=True)
     (wheel,) = build.glob("dflash-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",

@@ -1,1 +1,0 @@
-"""The Hydra configs of every dflash app (shipped in the wheel)."""

@@ -1,4 +1,0 @@
-"""Kernels: the fused LM-head cross-entropy (Triton) beside its torch reference."""
-from dflash.kernels.lm_head_loss import fused_lm_head_ce, naive_lm_head_ce
-
-__all__ = ["fused_lm_head_ce", "naive_lm_head_ce"]
