@@ -129,6 +129,10 @@ class ModelConfig:
     # torch.compile of the drafter forward (block mask included): static compiles one
     # graph per warmed shape, dynamic one symbolic graph; off runs eager
     compile: Compile = Compile.off
+    # torch.compile's backend: inductor generates kernels; eager (or aot_eager) runs the
+    # same dynamo graphs under the same guards (what warmup and the compile monitor
+    # count) without code generation, for checks on a small CPU (the suite uses eager)
+    compile_backend: str = "inductor"
 
 
 @dataclass

@@ -217,7 +217,8 @@ class Trainer:
         if attention == "chunked":
             raise ConfigError("model.compile with model.attention=chunked: its key windows are "
                               "data-dependent shapes, eager only (use model.attention=sdpa or auto)")
-        return torch.compile(drafter, dynamic=mode == "dynamic")
+        return torch.compile(drafter, dynamic=mode == "dynamic",
+                             backend=str(self.cfg.model.compile_backend))
 
     def build_drafter(self) -> DFlashDrafter:
         spec = DrafterSpec.from_target(self.target, self.cfg.model.drafter)

@@ -7,7 +7,10 @@ from tests.helpers.run import build_trainer, WORLD, run_module
 
 
 COMPILED = [*WORLD, "eval.enabled=false", "epochs=1", "logger.progress=false",
-            "model.compile=static", "warmup.pad_to_multiple=256", "warmup.batch_sizes=[16]"]
+            "model.compile=static", "warmup.pad_to_multiple=256", "warmup.batch_sizes=[16]",
+            # dynamo's graphs, guards and recompiles as inductor gets them, without its
+            # ~40 s of code generation per shape on 2 cores (gpu_check runs inductor)
+            "model.compile_backend=eager"]
 
 def test_padding_rows_carry_nothing(world_cache):
     from dflash.warmup.shapes import Shape
