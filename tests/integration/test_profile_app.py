@@ -9,14 +9,9 @@ from tests.helpers.run import WORLD, run_module
 def test_profile_then_plan_and_train_with_the_cost_file(tmp_path, world_cache):
     cost = tmp_path / "cost.json"
     common = [*WORLD, f"data.cache_dir={world_cache}", "logger.progress=false"]
-    # the profile and the training run in this process (their apps call the same
-    # functions); the plan app and the refusal run as commands
-    from dflash.config import compose
-    from dflash.profile import run_profile
-    from dflash.trainer import Trainer
-    run_profile(compose("profile", [*common, "profile.reps=1", "profile.max_shapes=6",
-                                    "profile.grid=2", "profile.calibrate_steps=6",
-                                    f"profile.out={cost}"]), tmp_path / "p")
+    run_module("dflash.profile", *common, "profile.reps=1", "profile.max_shapes=6", "profile.grid=2",
+               "profile.calibrate_steps=6",
+               f"profile.out={cost}", f"hydra.run.dir={tmp_path / 'p'}")
     doc = json.loads(cost.read_text())
     assert doc["identity"]["step_kind"] == "padded" and len(doc["points"]) >= 6
     assert all(p["switch_seconds"] > 0 for p in doc["points"]) and doc["model"]["switch"] is not None
@@ -28,8 +23,8 @@ def test_profile_then_plan_and_train_with_the_cost_file(tmp_path, world_cache):
                       "warmup.pad_to_multiple=8", f"hydra.run.dir={tmp_path / 'q'}")
     assert "s per epoch" in proc.stdout and "real tokens/s" in proc.stdout
     run = tmp_path / "t"
-    Trainer(compose("train", [*common, "eval.enabled=false", "optim.max_steps=10", "warmup=none",
-                              "logger.log_every=5", f"cost={cost}"]), run).build().run()
+    run_module("dflash.train", *common, "eval.enabled=false", "optim.max_steps=10", "warmup=none",
+               "logger.log_every=5", f"cost={cost}", f"hydra.run.dir={run}")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["predicted_train_seconds"] > 0
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
