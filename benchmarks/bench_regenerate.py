@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # a checkout
@@ -43,7 +44,7 @@ def batchings(prompts: list, max_new: int, budget: int, cap: int) -> dict:
     """Index lists per batching: one at a time, unsorted fixed-size chunks, planned."""
     n = len(prompts)
     order = np.random.default_rng(0).permutation(n).tolist()
-    reqs = [type("R", (), {"prompt_ids": p}) for p in prompts]
+    reqs = [SimpleNamespace(prompt_ids=p) for p in prompts]  # what plan_batches reads
     return {"one at a time": [[i] for i in range(n)],
             "unsorted": [order[i:i + cap] for i in range(0, n, cap)],
             "planned": plan_batches(reqs, max_new, budget, cap)}

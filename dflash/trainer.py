@@ -217,8 +217,11 @@ class Trainer:
         if attention == "chunked":
             raise ConfigError("model.compile with model.attention=chunked: its key windows are "
                               "data-dependent shapes, eager only (use model.attention=sdpa or auto)")
-        return torch.compile(drafter, dynamic=mode == "dynamic",
-                             backend=str(self.cfg.model.compile_backend))
+        backend = str(self.cfg.model.compile_backend)
+        if backend not in torch._dynamo.list_backends(exclude_tags=()):
+            raise ConfigError(f"model.compile_backend={backend} is not a torch.compile backend "
+                              f"(one of {', '.join(torch._dynamo.list_backends(exclude_tags=()))})")
+        return torch.compile(drafter, dynamic=mode == "dynamic", backend=backend)
 
     def build_drafter(self) -> DFlashDrafter:
         spec = DrafterSpec.from_target(self.target, self.cfg.model.drafter)

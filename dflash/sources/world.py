@@ -116,13 +116,20 @@ def fit_target(world: World, target_cfg, steps: int, cache_dir: str | Path,
     settings = {"target": _target_settings(target_cfg), "period": world.period,
                 "slot_size": world.slot_size, "steps": steps, "batch": batch, "lr": lr, "v": VERSION}
     path = Path(cache_dir) / f"world-target-{_key(settings)}"
-    if (path / "config.json").exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):  # ranks (or test workers) sharing a cold cache
-        if not (path / "config.json").exists():  # fit once; the others wait and read it
-            _fit(world, target_cfg, steps, path, settings, batch, lr, progress)
+    _once(path / "config.json", lambda: _fit(world, target_cfg, steps, path, settings, batch,
+                                             lr, progress))
     return path
+
+
+def _once(marker: Path, build) -> None:
+    """Build a cache entry unless its marker file exists. Ranks (or test workers)
+    sharing a cold cache: one builds under the lock, the others wait and read it."""
+    if marker.exists():
+        return
+    marker.parent.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(marker.parent) + ".lock"):
+        if not marker.exists():
+            build()
 
 
 def _fit(world: World, target_cfg, steps: int, path: Path, settings: dict, batch: int,
@@ -208,11 +215,8 @@ def build_world_data(world: World, target_dir: Path, lengths: np.ndarray, seed: 
                 "seed": seed, "n": len(lengths), "sum": int(lengths.sum()),
                 "max": int(lengths.max()), "v": VERSION}
     path = Path(cache_dir) / f"world-data-{_key(settings)}"
-    if not (path / "meta.json").exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path) + ".lock"):
-            if not (path / "meta.json").exists():
-                _write_world_data(world, target_dir, lengths, seed, path, settings, progress, chunk)
+    _once(path / "meta.json", lambda: _write_world_data(world, target_dir, lengths, seed, path,
+                                                        settings, progress, chunk))
     return TokenDataset.open(path)
 
 

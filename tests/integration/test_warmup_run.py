@@ -79,3 +79,10 @@ def test_compile_refuses_the_eager_only_chunked_attention(tmp_path, world_cache)
                       f"data.cache_dir={world_cache}", f"hydra.run.dir={tmp_path}", check=False)
     assert proc.returncode != 0
     assert "model.attention=chunked" in proc.stderr and "eager only" in proc.stderr
+
+
+def test_an_unknown_compile_backend_is_refused_naming_the_key(tmp_path, world_cache):
+    import pytest
+    from dflash.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"model.compile_backend=indcutor is not a torch.compile backend"):
+        build_trainer(world_cache, tmp_path, *COMPILED[len(WORLD):], "model.compile_backend=indcutor")
