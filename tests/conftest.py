@@ -20,7 +20,14 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def world_cache(tmp_path_factory):
-    """Shared data cache: the fitted world target, and the compile caches warmup uses."""
+    """Shared data cache: the fitted world target, and the compile caches warmup uses.
+    DFLASH_TEST_CACHE=DIR keeps it between sessions (a rerun skips the ~1 min world fit);
+    CI leaves it unset, so every run fits from scratch."""
+    keep = os.environ.get("DFLASH_TEST_CACHE")
+    if keep:
+        from pathlib import Path
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        return Path(keep)
     return tmp_path_factory.mktemp("world-cache")
 
 

@@ -1,6 +1,12 @@
 """Composing a config, building a trainer and running an app, as every test does them."""
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
+import logging
+import os
+import signal
 import subprocess
 import sys
 
@@ -24,10 +30,59 @@ def build_trainer(cache, out, *overrides):
     return Trainer(train_config(cache, *overrides), out).build()
 
 
-def run_module(module, *args, check=True, timeout=300):
-    """`python -m module args...` in the repository, as a user would run it."""
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=timeout)
+def run_module(module, *args, check=True, timeout=300, fresh=False):
+    """`python -m module args...` as a user would run it. In this process by default: the
+    app's own Hydra `main()` parses the same argv (a new interpreter costs ~4 s of
+    imports a call); `fresh=True` starts one, for what only a process can show (its
+    hardware identity, a wheel install, signals)."""
+    if fresh:
+        proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, text=True,
+                              capture_output=True, timeout=timeout)
+    else:
+        proc = _in_process(module, list(args))
     if check and proc.returncode != 0:
         raise AssertionError(proc.stdout + proc.stderr)
     return proc
+
+
+def _in_process(module: str, args: list) -> subprocess.CompletedProcess:
+    """Run an app's `main()` with `args` as its command line; whatever a run changes in
+    the process (environment, logging, signal handlers, threads, Hydra's singleton,
+    dynamo's compiled graphs) is
+    put back, so the next call starts as a new process would."""
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+
+    main = getattr(importlib.import_module(module), "main", None)
+    if main is None:  # a package app: its __main__ imports main from a module
+        main = importlib.import_module(f"{module}.app").main
+    saved_env, saved_argv, cwd = dict(os.environ), sys.argv, os.getcwd()
+    root = logging.getLogger()
+    saved_log = (list(root.handlers), root.level)
+    saved_sig = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2,
+                                                  signal.SIGINT)}
+    threads = torch.get_num_threads()
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    GlobalHydra.instance().clear()
+    torch._dynamo.reset()  # compiled graphs live in the process: start without any
+    sys.argv = [module, *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        GlobalHydra.instance().clear()
+        torch._dynamo.reset()
+        sys.argv = saved_argv
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for h in set(root.handlers) - set(saved_log[0]):  # the run's log file, its console
+            h.close()
+        root.handlers[:] = saved_log[0]
+        root.setLevel(saved_log[1])
+        for s, h in saved_sig.items():
+            signal.signal(s, h)
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess([module, *args], code, out.getvalue(), err.getvalue())

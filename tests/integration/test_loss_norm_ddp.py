@@ -58,11 +58,15 @@ def _two_ranks(tmp_path, norm, weight):
 @pytest.mark.parametrize("norm", ["plan", "batch"])
 def test_two_ranks_on_a_and_b_equal_one_process_on_both(tmp_path, norm):
     weight = 400.0  # the mean weight of one rank's batch; one process taking A and B as
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one batch has batches twice as heavy: 2 x weight
-    ranks = _two_ranks(tmp_path, norm, weight)
-    target, drafter, ids, mask, valid, anchors = _setup()
-    out = _grads(drafter, target, slice(0, 8), ids, mask, valid, anchors,
-                 Objective(8, norm=norm, batch_weight=2 * weight))
+    try:
+        ranks = _two_ranks(tmp_path, norm, weight)
+        target, drafter, ids, mask, valid, anchors = _setup()
+        out = _grads(drafter, target, slice(0, 8), ids, mask, valid, anchors,
+                     Objective(8, norm=norm, batch_weight=2 * weight))
+    finally:
+        torch.set_num_threads(threads)
     one = {k: p.grad for k, p in drafter.named_parameters()}
     assert int(out.blocks) > 0
     close = all(torch.allclose(ranks[k], one[k], rtol=1e-4, atol=1e-7) for k in one)

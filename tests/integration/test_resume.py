@@ -10,20 +10,20 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers.paths import REPO
-from tests.helpers.run import WORLD
+from tests.helpers.run import WORLD, run_module
 from dflash import resume as state
 from dflash.errors import DataError
 
 
-def _args(cache, run, *extra, cadence="checkpoint.every_steps=5"):
+def _args(cache, run, *extra, cadence="checkpoint.every_steps=5", steps=40):
     return [sys.executable, "-m", "dflash.train", *WORLD, f"data.cache_dir={cache}",
-            "eval.enabled=false", "logger.progress=false", "epochs=2", "optim.max_steps=40",
+            "eval.enabled=false", "logger.progress=false", "epochs=2", f"optim.max_steps={steps}",
             cadence, "pipeline.depth=2", "warmup=none", f"hydra.run.dir={run}", *extra]
 
 
 def _finish(cache, run, *extra, cadence="checkpoint.every_steps=5"):
-    proc = subprocess.run(_args(cache, run, *extra, cadence=cadence), cwd=REPO, text=True,
-                          capture_output=True, timeout=300)
+    """The same command run to its end (in this process: the kill is what needs another)."""
+    proc = run_module("dflash.train", *_args(cache, run, *extra, cadence=cadence)[3:], check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((run / "summary.json").read_text())
 
@@ -122,8 +122,8 @@ def test_a_wall_clock_cadence_bounds_the_work_a_kill_loses(tmp_path, world_cache
 def test_resume_under_a_changed_plan_is_refused(tmp_path, world_cache):
     run = tmp_path / "run"
     _finish(world_cache, run, "optim.max_steps=10")
-    proc = subprocess.run(_args(world_cache, run, "optim.max_steps=10", "resume=auto", "seed=1"),
-                          cwd=REPO, text=True, capture_output=True, timeout=300)
+    proc = run_module("dflash.train", *_args(world_cache, run, "optim.max_steps=10", "resume=auto",
+                                              "seed=1")[3:], check=False)
     assert proc.returncode == 2
     assert "plan settings changed" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -169,7 +169,7 @@ def test_two_gloo_ranks_preempted_then_resumed(tmp_path, world_cache):
     def cmd(run, *extra):
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                 "--master_port=29531", *_args(world_cache, run, "topology=pairs",
-                                               "logger.log_every=5", *extra)[1:]]
+                                               "logger.log_every=5", *extra, steps=20)[1:]]
     env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
     ref = tmp_path / "ref"
     subprocess.run(cmd(ref), cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
@@ -180,7 +180,7 @@ def test_two_gloo_ranks_preempted_then_resumed(tmp_path, world_cache):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     cut = json.loads((run / "summary.json").read_text())
-    assert cut["preempted"] and cut["steps"] < 40, err[-2000:]
+    assert cut["preempted"] and cut["steps"] < 20, err[-2000:]
     done = subprocess.run(cmd(run, "resume=auto"), cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
