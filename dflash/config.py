@@ -376,6 +376,8 @@ class BucketsAppConfig:
 class RegenBatching:
     token_budget: int = 65536  # prompt + max_new_tokens summed over a batch's rows
     max_batch_size: int = 64
+    # model.compile=static: prompt widths rounded up to this, a bounded set of cache shapes
+    pad_to_multiple: int = 64
 
 
 @dataclass

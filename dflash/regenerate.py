@@ -26,8 +26,9 @@ from dflash.data.loss_mask import end_of_turn_ids
 from dflash.data.prepare import load_tokenizer
 from dflash.errors import ConfigError, user_errors_exit
 from dflash.generation.runner import Regeneration
+from dflash.model.compile import checked_backend
 from dflash.options import choice
-from dflash.topology import build_topology
+from dflash.topology import build_topology, export_submitit_env
 
 config.register()
 
@@ -58,13 +59,23 @@ def build_backend(cfg, tok, topo):
     stop = set(end_of_turn_ids(tok))
     if tok.eos_token_id is not None:
         stop.add(int(tok.eos_token_id))
+    mode = choice(cfg.model.compile)
+    if mode != "off" and drafter is not None:
+        raise ConfigError("drafter= decodes speculatively (eager); model.compile compiles plain "
+                          "decoding: set one of them")
     return LocalBackend(target, stop, cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed,
-                        drafter, pad_id=tok.pad_token_id or 0)
+                        drafter, pad_id=tok.pad_token_id or 0,
+                        compile_backend=None if mode == "off" else checked_backend(
+                            str(cfg.model.compile_backend)),
+                        dynamic=mode == "dynamic",
+                        pad_to_multiple=int(cfg.batching.pad_to_multiple))
 
 
 def run_regenerate(cfg: DictConfig, out_dir) -> dict:
-    # every rank started (torchrun, SLURM) takes a share: the replica count is the world
-    cfg.topology.dp_size = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
+    # every rank started (torchrun, or a submitit/SLURM task) takes a share: the replica
+    # count is the world
+    export_submitit_env()
+    cfg.topology.dp_size = int(os.environ.get("WORLD_SIZE", 1))
     topo = build_topology(cfg.topology)
     tok_dir = cfg.tokenizer or cfg.model.target.path
     if not tok_dir:

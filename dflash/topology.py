@@ -62,7 +62,7 @@ def pair_devices(cfg, local: int, local_world: int, gpus: int) -> tuple[int, int
     return t[local], d[local]
 
 
-def _from_submitit() -> None:
+def export_submitit_env() -> None:
     """Under `hydra/launcher=submitit_slurm` each SLURM task runs the app without torchrun:
     take rank, world size and the rendezvous address from the job's environment."""
     if "WORLD_SIZE" in os.environ or "SUBMITIT_EXECUTOR" not in os.environ:
@@ -76,7 +76,7 @@ def _from_submitit() -> None:
 
 
 def build_topology(cfg) -> Topology:
-    _from_submitit()
+    export_submitit_env()
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     local = int(os.environ.get("LOCAL_RANK", 0))

@@ -38,6 +38,7 @@ from dflash.loggers import build_logger
 from dflash.metrics import Meter, NonFiniteGuard
 from dflash.batching.step_cost import load_cost_file
 from dflash.model.checkpoint import check_compatible, export_dtype, load_drafter
+from dflash.model.compile import checked_backend
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import Objective
 from dflash.optim import build_optimizer
@@ -217,10 +218,7 @@ class Trainer:
         if attention == "chunked":
             raise ConfigError("model.compile with model.attention=chunked: its key windows are "
                               "data-dependent shapes, eager only (use model.attention=sdpa or auto)")
-        backend = str(self.cfg.model.compile_backend)
-        if backend not in torch._dynamo.list_backends(exclude_tags=()):
-            raise ConfigError(f"model.compile_backend={backend} is not a torch.compile backend "
-                              f"(one of {', '.join(torch._dynamo.list_backends(exclude_tags=()))})")
+        backend = checked_backend(str(self.cfg.model.compile_backend))
         return torch.compile(drafter, dynamic=mode == "dynamic", backend=backend)
 
     def build_drafter(self) -> DFlashDrafter:

@@ -6,6 +6,13 @@ prompt lookup (the continuation of the latest earlier match of the last tokens, 
 and useful on replies that quote their prompt). Both are lossless: the output is the
 target's own greedy decoding (tested). Sampling (temperature > 0, top-p) runs HF
 `generate`, seeded per batch so a rerun of a batch writes the same text.
+
+`model.compile=static|dynamic` takes transformers' compiled path for plain decoding
+(greedy or sampled): a static KV cache and a torch.compile'd decode step (CUDA graphs
+under inductor on GPU). Under `static` prompt widths are rounded up to
+`batching.pad_to_multiple`, so a run meets a bounded set of cache shapes (widths x batch
+sizes) instead of one per batch; finished rows stay in the batch as padding, the price
+of a fixed shape.
 """
 from __future__ import annotations
 
@@ -44,24 +51,29 @@ class PromptLookupProposer:
 class LocalBackend:
     def __init__(self, target, stop_ids, temperature: float = 0.0, top_p: float = 1.0,
                  max_new_tokens: int = 512, seed: int = 0, drafter=None, pad_id: int = 0,
-                 proposer=None):
+                 proposer=None, compile_backend: str | None = None, dynamic: bool = False,
+                 pad_to_multiple: int = 64):
         self.target, self.stop = target, sorted(set(int(i) for i in stop_ids))
         self.proposer = proposer  # None: the drafter's if one is given, else prompt lookup
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.max_new_tokens, self.seed = int(max_new_tokens), int(seed)
         self.drafter, self.pad_id = drafter, int(pad_id)
+        self.compile_backend, self.dynamic = compile_backend, bool(dynamic)
+        self.pad_to_multiple = 1 if dynamic else max(1, int(pad_to_multiple))
 
     def generate(self, prompts: list, batch_index: int = 0) -> list[dict]:
         """Per prompt: generated token ids (stop token excluded), finish reason
         ("stop" or "length") and the tokens generated (the stop token included)."""
-        if self.temperature <= 0:
+        if self.compile_backend is not None:
+            outs = self._hf_generate(prompts, batch_index, sample=self.temperature > 0)
+        elif self.temperature <= 0:
             proposer = self.proposer or (DrafterProposer(self.drafter, self.target)
                                          if self.drafter is not None else PromptLookupProposer())
             res = speculative_decode(self.target, proposer, prompts, self.max_new_tokens,
                                      eos_token_id=self.stop or None, batch_size=len(prompts))
             outs = res.tokens
         else:
-            outs = self._sample(prompts, batch_index)
+            outs = self._hf_generate(prompts, batch_index, sample=True)
         return [self._finish(list(map(int, t))) for t in outs]
 
     def _finish(self, toks: list) -> dict:
@@ -73,18 +85,30 @@ class LocalBackend:
                 "tokens": min(len(toks), self.max_new_tokens)}
 
     @torch.no_grad()
-    def _sample(self, prompts: list, batch_index: int) -> list:
+    def _hf_generate(self, prompts: list, batch_index: int, sample: bool) -> list:
         lm = self.target.lm
         dev = self.target.lm_head_weight.device
         width = max(len(p) for p in prompts)
+        kw: dict = {}
+        if self.compile_backend is not None:
+            from transformers import CompileConfig
+            width = -(-width // self.pad_to_multiple) * self.pad_to_multiple
+            cc = CompileConfig(backend=self.compile_backend, fullgraph=False, dynamic=self.dynamic,
+                               mode="reduce-overhead" if self.compile_backend == "inductor"
+                               and dev.type == "cuda" else None)
+            # transformers compiles on accelerators only unless told; asked for, do it here too
+            cc._compile_all_devices = True
+            kw = {"cache_implementation": "static", "compile_config": cc}
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=dev)
         mask = torch.zeros_like(ids)
         for r, p in enumerate(prompts):  # left padding: every row's next token at the end
             ids[r, width - len(p):] = torch.as_tensor(p, device=dev)
             mask[r, width - len(p):] = 1
-        torch.manual_seed(self.seed * 1_000_003 + batch_index)
-        out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=True,
-                          temperature=self.temperature, top_p=self.top_p, top_k=None,
-                          max_new_tokens=self.max_new_tokens,
-                          eos_token_id=self.stop or None, pad_token_id=self.pad_id)
+        if sample:
+            torch.manual_seed(self.seed * 1_000_003 + batch_index)
+            kw.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=None)
+        else:
+            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        out = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
+                          eos_token_id=self.stop or None, pad_token_id=self.pad_id, **kw)
         return [row[width:].tolist() for row in out]

@@ -176,9 +176,10 @@ def test_openai_backend_each_turn_with_retries_and_bounded_concurrency(tmp_path,
     assert 1 < _Server.peak <= 3
 
 
-def test_drafter_and_two_ranks_write_the_same_greedy_replies(tmp_path, chat_tokenizer):
-    """A dflash drafter accelerates greedy decoding without changing it, and two gloo
-    ranks under torchrun split the batches and merge one output."""
+def test_every_local_path_writes_the_same_greedy_replies(tmp_path, chat_tokenizer):
+    """A dflash drafter accelerates greedy decoding without changing it; so does the
+    compiled static-cache path; two gloo ranks under torchrun, or two submitit tasks
+    through Hydra's launcher, split the batches and merge one output."""
     from omegaconf import OmegaConf
     from dflash.config import DrafterConfig, TargetConfig
     from dflash.model.checkpoint import save_drafter
@@ -189,21 +190,33 @@ def test_drafter_and_two_ranks_write_the_same_greedy_replies(tmp_path, chat_toke
         target, OmegaConf.structured(DrafterConfig(block_size=4)))), tmp_path / "ckpt")
     inp = _jsonl(tmp_path / "in.jsonl", _chats(8))
     outs = {}
-    for name, extra, launch in [
-            ("plain", [], ["-m", "dflash.regenerate"]),
-            ("drafter", [f"drafter={tmp_path / 'ckpt'}"], ["-m", "dflash.regenerate"]),
-            ("ranks", [], ["-m", "torch.distributed.run", "--nproc_per_node=2",
-                           "--master_port=29547", "-m", "dflash.regenerate"])]:
+    for name, extra in [
+            ("plain", []), ("drafter", [f"drafter={tmp_path / 'ckpt'}"]),
+            # eager: dynamo's graphs over the static cache, without inductor's code generation
+            ("compiled", ["model.compile=static", "model.compile_backend=eager",
+                          "batching.pad_to_multiple=16"]),
+            ("submitit", ["hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+                          "hydra.launcher.timeout_min=5", f"hydra.sweep.dir={tmp_path / 'sweep'}"]),
+            ("ranks", None)]:
         out = tmp_path / name / "o.jsonl"
         out.parent.mkdir()
-        proc = subprocess.run([sys.executable, *launch, *_args(chat_tokenizer, inp, out,
-                               "batching.max_batch_size=2", *extra)], cwd=REPO, text=True,
-                              capture_output=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        args = _args(chat_tokenizer, inp, out, "batching.max_batch_size=2", *(extra or []))
+        if extra is None:  # two processes under torchrun
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run",
+                                   "--nproc_per_node=2", "--master_port=29547",
+                                   "-m", "dflash.regenerate", *args], cwd=REPO, text=True,
+                                  capture_output=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        else:  # a launcher plugin is a multirun's
+            run_module("dflash.regenerate", *(["-m"] if name == "submitit" else []), *args)
         outs[name] = out.read_text()
-    assert outs["drafter"] == outs["plain"] and outs["ranks"] == outs["plain"]
-    parts = sorted(p.name for p in (tmp_path / "ranks" / "o.jsonl.parts" / "round-0").glob("part-*"))
-    assert len(parts) == 4  # 8 prompts, 2 a batch: both ranks wrote theirs
+    for name in ("drafter", "compiled", "submitit", "ranks"):
+        assert outs[name] == outs["plain"], name
+    for name in ("ranks", "submitit"):  # 8 prompts, 2 a batch: both ranks wrote theirs
+        parts = sorted((tmp_path / name / "o.jsonl.parts" / "round-0").glob("part-*"))
+        assert len(parts) == 4
+        assert json.loads((tmp_path / name / "o.jsonl.parts" / "manifest.json").read_text())[
+            "world_size"] == 2
 
 
 def test_missing_tokenizer_and_a_sampled_drafter_run_are_refused(tmp_path, chat_tokenizer):
