@@ -73,7 +73,7 @@ def profile_shapes(warm: list, token_budget: int, max_rows: int, max_shapes: int
         rows = max(1, min(int(max_rows), int(token_budget) // L))
         pick += [Shape(rows, L, anchors), Shape(max(1, rows // 2), L, anchors)]
     pick = list(dict.fromkeys(pick))
-    if len(pick) < 12:  # few shapes (packed rows: one length): vary every dimension
+    if len({s.seq_len for s in pick}) < 3:  # packed rows (one length): vary every dimension
         pick += [Shape(max(1, b), max(1, L), max(1, a)) for s in list(pick)
                  for b in {1, s.batch_size // 2, s.batch_size}
                  for L in {s.seq_len // 2, s.seq_len} for a in {s.anchors // 4, s.anchors}]

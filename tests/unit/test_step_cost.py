@@ -93,3 +93,17 @@ def test_a_shape_budget_no_fit_can_meet_is_refused_naming_it(tmp_path):
                                  "auto_max=3", f"cost={cost}", "max_shapes=1", "refine=false"])
     with pytest.raises(DataError, match=r"max_shapes=1: even one bucket runs at \d+ distinct shapes"):
         run_buckets(cfg)
+
+
+def test_profiled_shapes_follow_the_settings_and_packed_rows_vary_every_dimension():
+    from dflash.warmup.profile import profile_shapes
+    from dflash.warmup.shapes import Shape
+    warm = [Shape(min(16, 4096 // L), L, 32) for L in range(24, 1025, 8)]  # padded: many lengths
+    for max_shapes, grid in [(6, 2), (24, 6)]:
+        shapes = profile_shapes(warm, 4096, 16, max_shapes, grid)
+        base = max_shapes + 3 + 2 * grid  # warm picks, the largest three, the envelope
+        assert len(shapes) <= base + -(-base // 3)  # plus half-anchor variants of a third
+        assert max(s.seq_len for s in shapes) == 1024 and min(s.seq_len for s in shapes) == 24
+    packed = profile_shapes([Shape(2, 1024, 400)], 4096, 16)  # one length: vary each dimension
+    assert {s.seq_len for s in packed} >= {512, 1024} and {s.batch_size for s in packed} >= {1, 2}
+    assert {s.anchors for s in packed} >= {100, 400}
