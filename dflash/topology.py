@@ -72,7 +72,8 @@ def export_submitit_env() -> None:
     except ImportError as exc:
         raise TopologyError("a submitit job without torchrun needs submitit "
                         "(pip install -e '.[slurm]')") from exc
-    TorchDistributedEnvironment().export()
+    # dflash maps GPUs to ranks itself (a `pairs` task uses two): leave every GPU visible
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
 def build_topology(cfg) -> Topology:
@@ -89,6 +90,10 @@ def build_topology(cfg) -> Topology:
         # before the first CUDA allocation; variable shapes otherwise fragment the cache
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     device = resolve_device(choice(cfg.device))
+    if device.type == "cpu" and local_world > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # processes sharing a node's cores (submitit tasks; torchrun sets OMP_NUM_THREADS=1)
+        # would each start one thread per core, and oversubscribed cores crawl
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     drafter_device = device
     if device.type == "cuda" and (world > 1 or cfg.target_devices):
         ti, di = pair_devices(cfg, local, local_world, torch.cuda.device_count())

@@ -1,0 +1,58 @@
+"""Ranks from the launcher's environment: a submitit task learns its rank, world size
+and rendezvous from the job, keeps every GPU visible (dflash maps pairs itself), and CPU
+processes sharing a node split its cores."""
+import os
+
+import pytest
+import torch
+
+from dflash.config import compose
+from dflash.topology import build_topology, export_submitit_env
+
+LOCAL_TASK = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "77",
+              "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+              "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_GLOBALID": "1",
+              "SUBMITIT_LOCAL_LOCALID": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+EXPORTED = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "OMP_NUM_THREADS")
+
+
+@pytest.fixture
+def task_env(monkeypatch):
+    for k in EXPORTED:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in LOCAL_TASK.items():
+        monkeypatch.setenv(k, v)
+    yield
+    for k in EXPORTED:  # export() wrote them behind monkeypatch's back
+        os.environ.pop(k, None)
+
+
+def test_a_submitit_task_takes_its_rank_and_keeps_every_gpu_visible(task_env):
+    pytest.importorskip("submitit")
+    export_submitit_env()
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"],
+            os.environ["LOCAL_WORLD_SIZE"]) == ("1", "2", "1", "2")
+    assert os.environ["MASTER_ADDR"] and int(os.environ["MASTER_PORT"]) > 0
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+
+def test_cpu_processes_sharing_a_node_split_its_cores(monkeypatch):
+    for k in EXPORTED:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: None)
+    cfg = compose("train", ["topology.dp_size=2"])
+    threads = torch.get_num_threads()
+    try:
+        build_topology(cfg.topology)
+        assert torch.get_num_threads() == 4
+        torch.set_num_threads(threads)
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a launcher's choice (torchrun's) stands
+        build_topology(cfg.topology)
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(threads)
