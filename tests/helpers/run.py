@@ -14,7 +14,7 @@ from dflash.config import compose
 from tests.helpers.paths import REPO
 
 # one small world for the whole session: its target is fitted once, then cached
-WORLD = ["data.num_samples=400", "data.target_fit_steps=350", "eval.num_prompts=6",
+WORLD = ["data.num_samples=400", "data.target_fit_steps=250", "eval.num_prompts=6",
          "eval.max_new_tokens=32"]
 # a trainer that only trains: no progress bar, no evaluation
 QUIET = ["logger.progress=false", "eval.enabled=false"]

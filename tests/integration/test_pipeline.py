@@ -36,7 +36,7 @@ def test_pipelined_training_equals_sequential(tmp_path, world_cache):
     threads = torch.get_num_threads()
     for depth in (0, 3):
         r = _runner(world_cache, tmp_path / str(depth), [f"pipeline.depth={depth}",
-                                                          "epochs=2", "optim.max_steps=40"])
+                                                          "epochs=2", "optim.max_steps=36"])
         torch.set_num_threads(1)
         try:
             summary = r.train(Logger())
@@ -45,7 +45,7 @@ def test_pipelined_training_equals_sequential(tmp_path, world_cache):
         runs[depth] = (r.batches_seen, _weights(r), summary)
         assert _pipeline_threads() == []
     seen0, w0, s0 = runs[0]
-    assert len(seen0) == 40 and seen0[-1][0] == 1  # into the second epoch, stopped inside it
+    assert len(seen0) == 36 and seen0[-1][0] == 1  # into the second epoch, stopped inside it
     for depth in (3,):
         seen, w, s = runs[depth]
         assert seen == seen0

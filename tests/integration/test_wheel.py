@@ -12,19 +12,18 @@ from tests.helpers.run import WORLD
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """The package as `pip install .` puts it: a wheel, installed into its own dir."""
+    """The package as `pip install .` puts it (pip builds the wheel, then installs it),
+    into its own dir."""
     import shutil
-    build, site = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("site")
+    site = tmp_path_factory.mktemp("site")
     src = tmp_path_factory.mktemp("src")  # setuptools builds in the source tree: a copy
     shutil.copytree(REPO / "dflash", src / "dflash", ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / f, src / f)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(build), str(src)], check=True, timeout=300,
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+                    "-q", "--target", str(site), str(src)], check=True, timeout=300,
                    capture_output=True)
-    (wheel,) = build.glob("dflash-*.whl")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
-                    str(site), str(wheel)], check=True, timeout=300, capture_output=True)
+    assert list(site.glob("dflash-*.dist-info")) and not list(site.glob("__editable__*"))
     return site
 
 
