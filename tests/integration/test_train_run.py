@@ -19,8 +19,9 @@ def cache(world_cache):
     return world_cache
 
 
-# ~250 steps: the drafter takes off after ~120 (retrieval is learned suddenly)
-TAKEOFF = ["data.num_samples=800", "epochs=5"]
+# 10 epochs of the session world's 400 samples (built once for every test): ~320 steps;
+# the drafter takes off after ~120 (retrieval is learned suddenly)
+TAKEOFF = ["epochs=10"]
 
 
 @pytest.fixture(scope="module")
