@@ -44,6 +44,10 @@ def build_backend(cfg, tok, topo):
                              dict(cfg.chat_template_kwargs), cfg.seed)
     from dflash.generation.local import LocalBackend
     from dflash.model.target import Target
+    mode = choice(cfg.model.compile)
+    if mode != "off" and cfg.drafter:  # refused before any model is loaded
+        raise ConfigError("drafter= decodes speculatively (eager); model.compile compiles plain "
+                          "decoding: set one of them")
     drafter = None
     target = Target.from_config(cfg.model.target)
     if cfg.drafter:
@@ -59,10 +63,6 @@ def build_backend(cfg, tok, topo):
     stop = set(end_of_turn_ids(tok))
     if tok.eos_token_id is not None:
         stop.add(int(tok.eos_token_id))
-    mode = choice(cfg.model.compile)
-    if mode != "off" and drafter is not None:
-        raise ConfigError("drafter= decodes speculatively (eager); model.compile compiles plain "
-                          "decoding: set one of them")
     return LocalBackend(target, stop, cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed,
                         drafter, pad_id=tok.pad_token_id or 0,
                         compile_backend=None if mode == "off" else checked_backend(

@@ -227,6 +227,11 @@ def test_missing_tokenizer_and_a_sampled_drafter_run_are_refused(tmp_path, chat_
     proc = run_module("dflash.regenerate", *_args(chat_tokenizer, inp, tmp_path / "o.jsonl",
                                                   f"drafter={tmp_path}", "temperature=0.7"), check=False)
     assert proc.returncode == 2 and "greedy decoding only (temperature=0)" in proc.stderr
+    proc = run_module("dflash.regenerate", *_args(chat_tokenizer, inp, tmp_path / "o.jsonl",
+                                                  f"drafter={tmp_path}", "model.compile=static"),
+                      check=False)
+    assert proc.returncode == 2 and "model.compile compiles plain decoding" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 class _FlakyServer(BaseHTTPRequestHandler):
