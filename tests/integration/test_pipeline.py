@@ -1,16 +1,13 @@
-"""The target -> drafter pipeline and the multi-process `pairs` topology."""
+"""The target -> drafter pipeline and the topology checks (two gloo ranks through torchrun:
+`test_resume.py`, with their preemption)."""
 import json
-import os
-import subprocess
-import sys
 import threading
 
 import pytest
 import torch
 
 from dflash.config import compose
-from tests.helpers.paths import REPO
-from tests.helpers.run import build_trainer, QUIET, WORLD
+from tests.helpers.run import build_trainer, QUIET
 from dflash.errors import TopologyError
 from dflash.loggers import Logger
 
@@ -110,35 +107,6 @@ def test_cpu_stages_share_the_cores_and_default_to_sequential(tmp_path, world_ca
     (target,), (drafter,) = seen["target"], seen["drafter"]
     assert target + drafter <= max(2, before) and target >= 1 and drafter >= 1
     assert torch.get_num_threads() == before
-
-
-def test_two_gloo_ranks_through_torchrun(tmp_path, world_cache):
-    """topology=pairs on CPU: 2 processes, a batch count that 2 does not divide, no hang,
-    and both replicas end with the same weights."""
-    args = [*WORLD, f"data.cache_dir={world_cache}", "logger.progress=false",
-            "eval.enabled=false", "epochs=1", "topology=pairs"]
-    # pick a batch budget whose plan has an odd number of batches
-    from omegaconf import OmegaConf
-    from dflash.batching.strategies import build_planner
-    r = _runner(world_cache, tmp_path / "probe", ["epochs=1"])
-    for budget in range(4096, 2048, -64):
-        b = OmegaConf.merge(r.cfg.batching, {"token_budget": budget})
-        if build_planner(b, r.sources.data.lengths, r.boundaries, 0).epoch(0).num_batches % 2:
-            break
-    else:
-        raise AssertionError("no budget gives an odd batch count")
-    run = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
-         "-m", "dflash.train", *args, f"batching.token_budget={budget}", f"hydra.run.dir={run}"],
-        cwd=REPO, env=env, text=True, capture_output=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["batches_per_epoch"] % 2 == 1
-    assert summary["steps"] == summary["steps_per_epoch"] == (summary["batches_per_epoch"] + 1) // 2
-    digests = summary["replica_digests"]
-    assert len(digests) == 2 and digests[0] == digests[1]
 
 
 def test_wrong_process_count_is_refused(world_cache):
