@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from dflash import config
 from dflash.batching.bucket_fit.optimal import (build_cost_table, choose_auto, optimal_fits, predict,
                                                 simulate, simulate_seconds)
+from dflash.batching.bucket_fit.caps import fit_bucket_caps
 from dflash.batching.step_cost import load_cost_file
 from dflash.batching.bucket_fit.refine import refine_by_simulation
 from dflash.errors import DataError, user_errors_exit
@@ -91,6 +92,7 @@ def run_buckets(cfg: DictConfig) -> dict:
         result["boundaries"] = result["time_fit"]["boundaries"]
         result["num_buckets"] = result["time_fit"]["num_buckets"]
         result["simulated_efficiency"] = result["time_fit"]["simulated_efficiency"]
+        result["bucket_caps"] = result["time_fit"]["bucket_caps"]
     if cfg.out:
         write_preset(Path(cfg.out), result, cfg.name)
     if cfg.plot:
@@ -125,14 +127,38 @@ def fit_to_time(cfg: DictConfig, lengths, spec: PackingSpec, k, padding: dict) -
     else:
         best = len(fits) - 1
     fit, sim = fits[best], sims[best]
+    caps = fit_caps(cfg, lengths, fit.boundaries, spec, model, anchors) if cfg.fit_caps else None
+    bucket_caps = None
+    if caps and caps["adopted"]:
+        bucket_caps, sim = np.asarray(caps["caps"]), caps["with_caps"]
     boundaries = fit.boundaries.copy()
     boundaries[-1] = max(int(boundaries[-1]), int(cfg.data.max_seq_len) + 1)
     padding_bounds = np.asarray(padding["boundaries"], dtype=np.int64)
     return {"boundaries": boundaries.tolist(), "num_buckets": fit.num_buckets, **sim,
-            "simulated_efficiency": simulate(lengths, fit.boundaries, spec, 2, int(cfg.seed))["efficiency"],
+            "bucket_caps": None if bucket_caps is None else bucket_caps.tolist(), "caps": caps,
+            "simulated_efficiency": simulate(lengths, fit.boundaries, spec, 2, int(cfg.seed),
+                                             bucket_caps=bucket_caps)["efficiency"],
             "padding_fit": simulate_seconds(lengths, padding_bounds, spec, model, anchors, 1,
                                             int(cfg.seed), pad),
             "anchors": anchors, "device": doc["identity"].get("device"), "cost": str(cfg.cost)}
+
+
+def fit_caps(cfg: DictConfig, lengths, boundaries, spec: PackingSpec, model, anchors: int):
+    """A batch size cap per bucket under the cost model (bucket_fit/caps.py), priced
+    against the caps-free plan by exact simulation (2 epochs, the same seed): adopted
+    only when faster there too and within `max_shapes`. None when no bucket gains."""
+    caps, rows = fit_bucket_caps(lengths, boundaries, spec, model, anchors)
+    if not (caps < spec.max_batch_size).any():
+        return None
+    run = lambda c: simulate_seconds(lengths, boundaries, spec, model, anchors, 2,  # noqa: E731
+                                     int(cfg.seed), int(cfg.pad_to_multiple), bucket_caps=c)
+    without, with_caps = run(None), run(caps)
+    within = cfg.max_shapes is None or with_caps["distinct_shapes"] <= int(cfg.max_shapes)
+    adopted = within and with_caps["seconds_per_epoch"] < without["seconds_per_epoch"]
+    return {"caps": caps.tolist(), "per_bucket": rows, "adopted": bool(adopted),
+            "with_caps": with_caps, "without_caps": without,
+            "why": "faster by exact simulation" if adopted else
+                   ("over max_shapes" if not within else "not faster by exact simulation")}
 
 
 def format_time_fit(t: dict) -> str:
@@ -143,7 +169,18 @@ def format_time_fit(t: dict) -> str:
         f"{'time':>8} {t['num_buckets']:>8} {t['seconds_per_epoch']:>9.2f} "
         f"{t['real_tokens_per_second']:>11,.0f} {t['distinct_shapes']:>7}",
         f"{'padding':>8} {'':>8} {p['seconds_per_epoch']:>9.2f} "
-        f"{p['real_tokens_per_second']:>11,.0f} {p['distinct_shapes']:>7}"])
+        f"{p['real_tokens_per_second']:>11,.0f} {p['distinct_shapes']:>7}",
+        format_caps(t.get("caps"))])
+
+
+def format_caps(caps: dict | None) -> str:
+    if caps is None:
+        return "per-bucket batch sizes: none predicted faster than batching.max_batch_size"
+    w, wo = caps["with_caps"], caps["without_caps"]
+    verdict = "written to the preset" if caps["adopted"] else f"not used ({caps['why']})"
+    return (f"per-bucket batch sizes {caps['caps']}: {w['seconds_per_epoch']:.2f} s/epoch, "
+            f"{w['distinct_shapes']} shapes, against {wo['seconds_per_epoch']:.2f} s and "
+            f"{wo['distinct_shapes']} shapes with one cap; {verdict}")
 
 
 def write_preset(path: Path, result: dict, name: str | None) -> None:
@@ -152,6 +189,7 @@ def write_preset(path: Path, result: dict, name: str | None) -> None:
         "kind": "fixed",
         "boundaries": result["boundaries"],
         "num_buckets": result["num_buckets"],
+        **({"max_batch_size": result["bucket_caps"]} if result.get("bucket_caps") else {}),
         "meta": {k: result[k] for k in ("simulated_efficiency", "predicted_efficiency",
                                         "token_budget", "max_batch_size", "sort_window",
                                         "quadratic", "num_samples", "max_seq_len",
@@ -164,6 +202,9 @@ def write_preset(path: Path, result: dict, name: str | None) -> None:
               f"{result['simulated_efficiency']:.4f}.\n"
               f"# The top bucket ends at data.max_seq_len + 1 = {result['boundaries'][-1]}: "
               "it holds every length that data config allows.\n")
+    if result.get("bucket_caps"):
+        header += (f"# max_batch_size: a cap per bucket, fitted to {result['time_fit']['cost']} "
+                   "(predicted faster than one cap for all; batching=bucketed only).\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(preset, sort_keys=False))
 

@@ -171,6 +171,10 @@ class BucketsConfig:
     # raise the last boundary to data.max_seq_len + 1, so the top bucket holds every
     # length the data config allows (see batching/boundaries.py resolve_boundaries)
     cover_max_len: bool = True
+    # batching=bucketed: a batch size cap per bucket, each <= batching.max_batch_size
+    # (`python -m dflash.buckets ... cost=FILE` writes one where smaller batches are
+    # predicted faster); null: batching.max_batch_size for every bucket
+    max_batch_size: Optional[List[int]] = None
     meta: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -370,6 +374,9 @@ class BucketsAppConfig:
     anchors: Optional[int] = None
     pad_to_multiple: int = 1
     max_shapes: Optional[int] = None
+    # with cost=: also fit a batch size cap per bucket (kept only where the exact
+    # simulation of the planner predicts it faster; batching/bucket_fit/caps.py)
+    fit_caps: bool = True
 
 
 @dataclass

@@ -19,7 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash import config
-from dflash.batching.boundaries import resolve_boundaries
+from dflash.batching.boundaries import resolve_boundaries, resolve_bucket_caps
 from dflash.batching.packed_rows import anchor_slots_per_row
 from dflash.batching.report import format_report, plan_report
 from dflash.batching.step_cost import load_cost_file, predict_steps
@@ -34,7 +34,7 @@ config.register()  # the schemas every app composes against
 
 log = logging.getLogger("dflash.plan")
 
-_IDENTITY = ("strategy", "boundaries", "token_budget", "max_batch_size", "sort_window",
+_IDENTITY = ("strategy", "boundaries", "bucket_caps", "token_budget", "max_batch_size", "sort_window",
              "seed", "epochs", "num_samples", "settings")
 
 
@@ -53,8 +53,9 @@ def run_settings(cfg: DictConfig) -> dict:
 def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
     """Plan `cfg.epochs` epochs of `data` with the config's batching, buckets, topology."""
     boundaries = resolve_boundaries(cfg.buckets, data.lengths, int(cfg.data.max_seq_len))
+    caps = resolve_bucket_caps(cfg.buckets, len(boundaries) - 1, int(cfg.batching.max_batch_size))
     planner = build_planner(cfg.batching, data.lengths, boundaries, cfg.seed,
-                            int(cfg.data.max_seq_len))
+                            int(cfg.data.max_seq_len), bucket_caps=caps)
     report = plan_report(planner, int(cfg.epochs), world_size=int(cfg.topology.dp_size),
                          remainder=choice(cfg.batching.remainder), dump_dir=dump_dir, progress=True,
                          balance=bool(cfg.batching.balance_steps),

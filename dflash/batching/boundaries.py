@@ -43,6 +43,34 @@ def check_boundaries(boundaries, lengths: np.ndarray | None = None,
     return b
 
 
+def check_bucket_caps(caps, num_buckets: int, max_batch_size: int,
+                      source: str = "buckets.max_batch_size") -> np.ndarray | None:
+    """Per-bucket batch size caps as int64, or None for none. One per bucket, each in
+    [1, batching.max_batch_size]: the global cap stays the memory limit, a bucket may
+    only take fewer rows (where a time fit found that faster)."""
+    if caps is None:
+        return None
+    c = np.asarray(list(caps))
+    if c.ndim != 1 or len(c) != num_buckets:
+        raise ConfigError(f"{source} needs one cap per bucket ({num_buckets}), got "
+                          f"{len(c.ravel())} values: {c.ravel().tolist()}")
+    if c.dtype.kind not in "iu":
+        raise ConfigError(f"{source} must be integers, got {c.tolist()}")
+    bad = np.flatnonzero((c < 1) | (c > max_batch_size))
+    if len(bad):
+        j = int(bad[0])
+        raise ConfigError(f"{source}[{j}] = {int(c[j])} is outside [1, batching.max_batch_size="
+                          f"{max_batch_size}]")
+    return c.astype(np.int64)
+
+
+def resolve_bucket_caps(cfg, num_buckets: int, max_batch_size: int) -> np.ndarray | None:
+    """The per-bucket caps a buckets config sets (`max_batch_size` in a preset), checked."""
+    caps = cfg.get("max_batch_size")
+    return check_bucket_caps(None if caps is None else list(caps), num_buckets, max_batch_size,
+                             source=f"buckets '{cfg.name}' max_batch_size")
+
+
 def preset_boundaries(name: str) -> np.ndarray:
     """Boundaries of a fixed preset in conf/buckets/ (the YAML is the one source)."""
     import yaml

@@ -61,8 +61,13 @@ def _sparse_search(padded: np.ndarray, rows: np.ndarray, start: int, cap: int,
 
 
 def batch_sizes_from_each_start(lengths: np.ndarray, token_budget: int, cap: int,
-                                segment_end: np.ndarray | None = None) -> np.ndarray:
-    """size[i] = samples in the batch the packing rule would open at position i."""
+                                segment_end: np.ndarray | None = None,
+                                position_cap: np.ndarray | None = None) -> np.ndarray:
+    """size[i] = samples in the batch the packing rule would open at position i.
+
+    `position_cap[i]` (optional, <= cap): a lower cap for a batch opened at i. The rule's
+    predicate is monotone in k, so the largest valid k under a lower cap c is
+    min(c, the largest under cap): one clip, like the segment end."""
     n = len(lengths)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -81,18 +86,23 @@ def batch_sizes_from_each_start(lengths: np.ndarray, token_budget: int, cap: int
             sizes[rows] = _sparse_search(padded, rows, width, cap, token_budget)
     if segment_end is not None:
         np.minimum(sizes, segment_end - np.arange(n, dtype=np.int64), out=sizes)
+    if position_cap is not None:
+        np.minimum(sizes, np.asarray(position_cap, dtype=np.int64), out=sizes)
     return sizes
 
 
 def pack(lengths: np.ndarray, token_budget: int, max_batch_size: int,
-         segment_end: np.ndarray | None = None) -> np.ndarray:
+         segment_end: np.ndarray | None = None,
+         position_cap: np.ndarray | None = None) -> np.ndarray:
     """Batch offsets (int64, num_batches + 1) for samples taken in the given order.
 
     `segment_end[i]` (optional) is the exclusive end of the segment holding position i;
     no batch crosses a segment end (used to pack buckets independently in one pass).
+    `position_cap[i]` (optional): the cap of a batch opened at i (per-bucket batch sizes).
     """
     n = len(lengths)
-    sizes = batch_sizes_from_each_start(lengths, token_budget, max_batch_size, segment_end)
+    sizes = batch_sizes_from_each_start(lengths, token_budget, max_batch_size, segment_end,
+                                        position_cap)
     starts = []
     i = 0
     size_list = sizes.tolist()  # python ints: the chain walk is a tight scalar loop

@@ -48,6 +48,8 @@ def plan_report(planner: Planner, epochs: int, world_size: int = 1, remainder: s
         "boundaries": planner.boundaries.tolist(),
         "token_budget": spec.token_budget,
         "max_batch_size": spec.max_batch_size,
+        **({"bucket_caps": planner.bucket_caps.tolist()}
+           if planner.bucket_caps is not None and planner.strategy == "bucketed" else {}),
         "sort_window": spec.sort_window,
         **({"row_len": spec.row_len, "rows_per_batch": planner.rows_per_batch,
             "pack_window": spec.pack_window} if planner.strategy == "packed" else {}),
@@ -65,7 +67,7 @@ def plan_report(planner: Planner, epochs: int, world_size: int = 1, remainder: s
 def format_report(report: dict) -> str:
     head = (f"strategy={report['strategy']}  samples={report['num_samples']:,}  "
             f"batches={report['num_batches']:,}  budget={report['token_budget']:,}  "
-            f"cap={report['max_batch_size']}\n"
+            f"cap={report.get('bucket_caps', report['max_batch_size'])}\n"
             f"padding_efficiency={report['padding_efficiency']:.4f}  "
             f"length_mixing={report['length_mixing']:.4f}  "
             f"pair_repeat_rate={report['pair_repeat_rate']:.4f}  "

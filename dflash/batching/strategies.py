@@ -47,7 +47,8 @@ def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
 class Planner:
     """Plans epochs for one strategy over fixed sample lengths and bucket boundaries."""
 
-    def __init__(self, strategy: str, lengths, boundaries, spec: PackingSpec, seed: int = 0):
+    def __init__(self, strategy: str, lengths, boundaries, spec: PackingSpec, seed: int = 0,
+                 bucket_caps=None):
         if strategy not in STRATEGIES:
             raise ConfigError(f"batching.strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
@@ -66,6 +67,8 @@ class Planner:
         self.seed = int(seed)
         self.sample_bucket = bk.assign(self.lengths, self.boundaries)
         self.num_buckets = len(self.boundaries) - 1
+        # per-bucket batch size caps (bucketed only; None: max_batch_size for every bucket)
+        self.bucket_caps = bk.check_bucket_caps(bucket_caps, self.num_buckets, spec.max_batch_size)
         # int16 bucket keys let numpy's stable argsort use radix sort (3x faster)
         self._bucket_key = (self.sample_bucket.astype(np.int16) if self.num_buckets < 2**15
                             else self.sample_bucket)
@@ -139,9 +142,10 @@ class Planner:
 
 
 def build_planner(batching_cfg, lengths, boundaries, seed: int,
-                  max_seq_len: int | None = None) -> Planner:
+                  max_seq_len: int | None = None, bucket_caps=None) -> Planner:
     return Planner(choice(batching_cfg.strategy), lengths, boundaries,
-                   PackingSpec.from_cfg(batching_cfg, max_seq_len), seed=seed)
+                   PackingSpec.from_cfg(batching_cfg, max_seq_len), seed=seed,
+                   bucket_caps=bucket_caps)
 
 
 # ---- the strategies: one function each, (planner, epoch, rng) -> EpochPlan ------------
@@ -167,16 +171,18 @@ def _megabatch(p: Planner, epoch: int, rng) -> EpochPlan:
 
 
 def _bucketed(p: Planner, epoch: int, rng) -> EpochPlan:
-    """Shuffled inside each bucket (optionally sorted windows), greedy per bucket,
-    batch order shuffled."""
+    """Shuffled inside each bucket (optionally sorted windows), greedy per bucket (each
+    with its own cap when `bucket_caps` is set), batch order shuffled."""
     perm = rng.permutation(p.num_samples)
     # stable sort by bucket keeps the random order inside each bucket
     order = perm[np.argsort(p._bucket_key[perm], kind="stable")]
     counts = np.bincount(p.sample_bucket, minlength=p.num_buckets)
     if p.spec.sort_window > 0:
         order = p._sort_windows(order, p.sample_bucket[order], p.window_samples())
+    caps = None if p.bucket_caps is None else p.bucket_caps[p.sample_bucket[order]]
     plan = p._finish(epoch, order, pack(p.lengths[order], p.spec.token_budget,
-                                        p.spec.max_batch_size, segment_end=segment_ends(counts)))
+                                        p.spec.max_batch_size, segment_end=segment_ends(counts),
+                                        position_cap=caps))
     return plan.take(rng.permutation(plan.num_batches))
 
 

@@ -30,6 +30,27 @@ def test_segments_are_packed_independently(data):
     assert got.tolist() == want
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_each_segment_can_have_its_own_cap(data):
+    """Per-bucket batch sizes: a segment packed under its own lower cap is the rule's
+    packing of that segment alone with that cap."""
+    budget = data.draw(st.integers(10, 2000))
+    cap = data.draw(st.integers(1, 40))
+    segs = data.draw(st.lists(st.lists(st.integers(1, budget), min_size=1, max_size=60),
+                              min_size=1, max_size=5))
+    caps = [data.draw(st.integers(1, cap)) for _ in segs]
+    lengths = np.concatenate([np.array(s) for s in segs])
+    position_cap = np.repeat(caps, [len(s) for s in segs])
+    got = pack(lengths, budget, cap, segment_end=segment_ends([len(s) for s in segs]),
+               position_cap=position_cap)
+    want, base = [0], 0
+    for s, c in zip(segs, caps):
+        want += (reference_pack(s, budget, c)[1:] + base).tolist()
+        base += len(s)
+    assert got.tolist() == want
+
+
 def test_budget_and_cap_are_respected_at_scale():
     rng = np.random.default_rng(3)
     lengths = rng.integers(1, 9000, 50000)

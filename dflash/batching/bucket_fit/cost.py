@@ -114,3 +114,18 @@ def histogram_bins(lengths: np.ndarray, max_bins: int):
     tokens = np.bincount(idx, weights=srt, minlength=len(edges) - 1)
     tokens = np.round(tokens).astype(np.int64)
     return edges.astype(np.int64), tokens / counts, counts, tokens
+
+
+def whole_bucket_cost(values, weights, token_budget: int, cap: int, cost_values=None,
+                      per_batch: float = 0.0, refine: int = 1) -> float:
+    """Expected cost per sample of one bucket holding every bin given (the chain above,
+    one row only: cheap enough to price many caps)."""
+    values = np.asarray(values, dtype=np.float64)
+    probs = np.asarray(weights, dtype=np.float64)[None, :]
+    probs = probs / probs.sum()
+    cv = values if cost_values is None else np.asarray(cost_values, dtype=np.float64)
+    start = probs
+    for _ in range(refine + 1):
+        e_cost, e_size, overflow = _chain(values, probs, start, token_budget, cap, cv)
+        start = overflow / np.maximum(overflow.sum(axis=1, keepdims=True), 1e-300)
+    return float((e_cost[0] + per_batch) / e_size[0])

@@ -168,11 +168,12 @@ def predict(lengths, boundaries, spec: PackingSpec, quadratic: float = 0.0,
 
 
 def simulate_seconds(lengths, boundaries, spec: PackingSpec, time_model, anchors: int,
-                     epochs: int = 1, seed: int = 0, pad_to_multiple: int = 1) -> dict:
+                     epochs: int = 1, seed: int = 0, pad_to_multiple: int = 1,
+                     bucket_caps=None) -> dict:
     """Exact predicted time of the real bucketed planner's epochs: the step cost model
     summed over every batch at its padded length (rounded up to `pad_to_multiple`, as
     warmup rounds it), with the real tokens and the distinct shapes that gives."""
-    planner = Planner("bucketed", lengths, boundaries, spec, seed=seed)
+    planner = Planner("bucketed", lengths, boundaries, spec, seed=seed, bucket_caps=bucket_caps)
     secs, tokens, shapes = [], 0, set()
     for e in range(epochs):
         plan = planner.epoch(e)
@@ -187,12 +188,12 @@ def simulate_seconds(lengths, boundaries, spec: PackingSpec, time_model, anchors
 
 
 def simulate(lengths, boundaries, spec: PackingSpec, epochs: int = 2, seed: int = 0,
-             quadratic: float = 0.0) -> dict:
+             quadratic: float = 0.0, bucket_caps=None) -> dict:
     """Exact efficiency of the real bucketed planner (mean over epochs) and per bucket.
 
     Both are cost-weighted like the objective (with `quadratic` > 0 a slot at length L
     costs L + c L^2), so the per-bucket column compares with the predicted one."""
-    planner = Planner("bucketed", lengths, boundaries, spec, seed=seed)
+    planner = Planner("bucketed", lengths, boundaries, spec, seed=seed, bucket_caps=bucket_caps)
     k = planner.num_buckets
     useful_b = np.bincount(planner.sample_bucket, weights=slot_cost(planner.lengths, quadratic),
                            minlength=k)
