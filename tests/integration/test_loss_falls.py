@@ -22,7 +22,8 @@ def test_loss_falls_on_planned_synthetic_batches(tmp_path):
     # give near-flat logits that a drafter needs many steps to overcome)
     from tests.helpers.quick_train import fit_target_lm
     rows = [ds.sample(i)[0][:32] for i in range(len(ds)) if ds.lengths[i] >= 32]
-    fit_target_lm(target, torch.as_tensor(np.stack(rows), dtype=torch.long), steps=150)
+    # 90 steps: the drafter's loss then falls to 0.78 of its start (0.76 after 150)
+    fit_target_lm(target, torch.as_tensor(np.stack(rows), dtype=torch.long), steps=90)
     torch.manual_seed(0)
     drafter = DFlashDrafter(DrafterSpec.from_target(target, OmegaConf.structured(DrafterConfig())))
     opt = torch.optim.AdamW(drafter.parameters(), lr=3e-3)

@@ -76,7 +76,8 @@ def test_the_buckets_app_writes_caps_the_planner_then_uses(tmp_path):
         np.array([0.0, 0.0, 1e-7, 1e-7, 0.0, 0.0]), {"anchors": 1}), [], {})
     out = tmp_path / "conf" / "buckets" / "timed.yaml"
     args = [f"lengths_file={tmp_path / 'lengths.npy'}", "num_buckets=2", f"cost={cost}",
-            "refine=false", "batching.token_budget=16384", "batching.max_batch_size=64",
+            "refine=false", "candidates=64", "batching.token_budget=16384",
+            "batching.max_batch_size=64",
             "data.max_seq_len=4096", f"out={out}"]
     result = run_buckets(compose("bucket_fit", args))
     caps = result["time_fit"]["caps"]

@@ -90,7 +90,8 @@ def test_a_shape_budget_no_fit_can_meet_is_refused_naming_it(tmp_path):
     np.save(tmp_path / "lengths.npy", rng.integers(16, 4000, 3000).astype(np.int64))
     cost = write_cost_file(tmp_path / "c.json", {}, CostModel(TRUE, {"anchors": 64}), [], {})
     cfg = compose("bucket_fit", [f"lengths_file={tmp_path / 'lengths.npy'}", "num_buckets=auto",
-                                 "auto_max=3", f"cost={cost}", "max_shapes=1", "refine=false"])
+                                 "auto_max=3", f"cost={cost}", "max_shapes=1", "refine=false",
+                                 "candidates=64"])
     with pytest.raises(DataError, match=r"max_shapes=1: even one bucket runs at \d+ distinct shapes"):
         run_buckets(cfg)
 
