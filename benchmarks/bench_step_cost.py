@@ -25,7 +25,6 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 from dflash.config import compose  # noqa: E402
 from dflash.profile import run_profile  # noqa: E402
@@ -54,6 +53,13 @@ class Probe:
             times.append(time.perf_counter() - t)
         return float(np.median(times))
 
+    def around(self, trainer, speed0: float) -> tuple[dict, float]:
+        """Train `trainer`'s run between two probes: its summary, and the machine's
+        speed during it over `speed0` (the mean of the probes before and after)."""
+        before = self()
+        summary = trainer.run()
+        return summary, (before + self()) / 2 / speed0
+
 
 def profile(tmp: str, overrides, packed: bool) -> tuple[str, list]:
     out = os.path.join(tmp, "cost-packed.json" if packed else "cost.json")
@@ -70,10 +76,7 @@ def profile(tmp: str, overrides, packed: bool) -> tuple[str, list]:
 
 def measure(strategy: str, cost: str, overrides, tmp: str, probe, speed0: float) -> dict:
     cfg = compose("train", [f"batching={strategy}", *QUIET, *overrides, f"cost={cost}"])
-    t = Trainer(cfg, tmp).build()
-    before = probe()
-    s = t.run()
-    drift = (before + probe()) / 2 / speed0
+    s, drift = probe.around(Trainer(cfg, tmp).build(), speed0)
     return {"strategy": strategy, "steps": s["steps"], "measured_seconds": s["train_seconds"],
             "predicted_seconds": s["predicted_train_seconds"],
             "error": s["predicted_train_seconds"] / s["train_seconds"] - 1.0,
@@ -106,10 +109,7 @@ def buckets_by_time(cost: str, overrides, tmp: str, k: int, probe, speed0: float
         cfg = compose("train", ["batching=bucketed", *QUIET, *overrides, f"cost={cost}",
                                 "buckets.kind=fixed",
                                 f"buckets.boundaries=[{','.join(map(str, bounds))}]", *extra])
-        tr = Trainer(cfg, tmp).build()
-        before = probe()
-        s = tr.run()
-        drift = (before + probe()) / 2 / speed0
+        s, drift = probe.around(Trainer(cfg, tmp).build(), speed0)
         out.append({"fit": name, "boundaries": bounds, "caps": cap,
                     "predicted_seconds": s["predicted_train_seconds"],
                     "fit_predicted_seconds": pred["seconds_per_epoch"],
@@ -138,7 +138,6 @@ def main() -> None:
     if "packed" in strategies:
         costs[True], _ = profile(tmp, overrides, True)
         speed[True] = probe()
-    torch.manual_seed(0)
     rows = [measure(s, costs[s == "packed"], overrides, tmp, probe, speed[s == "packed"])
             for s in strategies]
     if rows:

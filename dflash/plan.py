@@ -19,11 +19,10 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash import config
-from dflash.batching.boundaries import resolve_boundaries, resolve_bucket_caps
 from dflash.batching.packed_rows import anchor_slots_per_row
 from dflash.batching.report import format_report, plan_report
 from dflash.batching.step_cost import load_cost_file, predict_steps
-from dflash.batching.strategies import build_planner
+from dflash.batching.strategies import planner_for
 from dflash.options import choice
 from dflash.data.build import Data, load_data
 from dflash.warmup.profile import model_identity
@@ -34,8 +33,8 @@ config.register()  # the schemas every app composes against
 
 log = logging.getLogger("dflash.plan")
 
-_IDENTITY = ("strategy", "boundaries", "bucket_caps", "token_budget", "max_batch_size", "sort_window",
-             "seed", "epochs", "num_samples", "settings")
+_IDENTITY = ("strategy", "boundaries", "bucket_caps", "token_budget", "max_batch_size",
+             "sort_window", "seed", "epochs", "num_samples", "settings")
 
 
 def run_settings(cfg: DictConfig) -> dict:
@@ -52,10 +51,7 @@ def run_settings(cfg: DictConfig) -> dict:
 
 def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
     """Plan `cfg.epochs` epochs of `data` with the config's batching, buckets, topology."""
-    boundaries = resolve_boundaries(cfg.buckets, data.lengths, int(cfg.data.max_seq_len))
-    caps = resolve_bucket_caps(cfg.buckets, len(boundaries) - 1, int(cfg.batching.max_batch_size))
-    planner = build_planner(cfg.batching, data.lengths, boundaries, cfg.seed,
-                            int(cfg.data.max_seq_len), bucket_caps=caps)
+    _, planner = planner_for(cfg, data.lengths)
     report = plan_report(planner, int(cfg.epochs), world_size=int(cfg.topology.dp_size),
                          remainder=choice(cfg.batching.remainder), dump_dir=dump_dir, progress=True,
                          balance=bool(cfg.batching.balance_steps),

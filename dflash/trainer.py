@@ -26,11 +26,10 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from dflash.batching.boundaries import resolve_boundaries, resolve_bucket_caps
 from dflash.batching.distributed import shard
 from dflash.batching.metrics import bucket_table, length_mixing, pair_repeat_rate
 from dflash.batching.packed_rows import anchor_slots_per_row
-from dflash.batching.strategies import build_planner
+from dflash.batching.strategies import planner_for
 from dflash.errors import ConfigError
 from dflash.eval.decode import evaluate
 from dflash.eval.teacher_forced import acceptance_gap, teacher_forced_acceptance
@@ -73,11 +72,7 @@ class Trainer:
         self.target = self.sources.target.to(self.topo.target_device)
         self.dataset = self.sources.data.dataset
         lengths = self.sources.data.lengths
-        self.boundaries = resolve_boundaries(cfg.buckets, lengths, int(cfg.data.max_seq_len))
-        caps = resolve_bucket_caps(cfg.buckets, len(self.boundaries) - 1,
-                                   int(cfg.batching.max_batch_size))
-        self.planner = build_planner(cfg.batching, lengths, self.boundaries, int(cfg.seed),
-                                     int(cfg.data.max_seq_len), bucket_caps=caps)
+        self.boundaries, self.planner = planner_for(cfg, lengths)
         self._epoch_steps: dict[int, int] = {}
         self.steps_per_epoch = self.epoch_steps(0)
         self.total_steps = self._total_steps()

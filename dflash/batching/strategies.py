@@ -148,6 +148,15 @@ def build_planner(batching_cfg, lengths, boundaries, seed: int,
                    bucket_caps=bucket_caps)
 
 
+def planner_for(cfg, lengths) -> tuple[np.ndarray, Planner]:
+    """A run's boundaries and planner from its whole config (data, batching, buckets,
+    seed): the buckets preset's boundaries and per-bucket caps, checked against the data."""
+    boundaries = bk.resolve_boundaries(cfg.buckets, lengths, int(cfg.data.max_seq_len))
+    caps = bk.resolve_bucket_caps(cfg.buckets, len(boundaries) - 1, int(cfg.batching.max_batch_size))
+    return boundaries, build_planner(cfg.batching, lengths, boundaries, int(cfg.seed),
+                                     int(cfg.data.max_seq_len), bucket_caps=caps)
+
+
 # ---- the strategies: one function each, (planner, epoch, rng) -> EpochPlan ------------
 def _sorted(p: Planner, epoch: int, rng) -> EpochPlan:
     """Length-sorted batches, fixed once; only their order changes per epoch."""

@@ -35,10 +35,10 @@ def fit_bucket_caps(lengths, boundaries, spec, time_model, anchors: int,
     model = shuffled_steps(time_model)
     per_batch = float(model.coef[0])
     bucket = np.searchsorted(boundaries, lengths, side="right") - 1
+    full = int(spec.max_batch_size)
     caps, rows = [], []
     for j in range(len(boundaries) - 1):
         sub = lengths[bucket == j]
-        full = int(spec.max_batch_size)
         if not len(sub):
             caps.append(full)
             rows.append({"lo": int(boundaries[j]), "hi": int(boundaries[j + 1]), "cap": full})

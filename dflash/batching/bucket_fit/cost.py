@@ -78,6 +78,13 @@ def bucket_costs_from(lo: int, values, weights, token_budget: int, cap: int,
     tri = np.tril(np.ones((g, g)))  # row j keeps bins 0..j
     probs = tri * w[None, :]
     probs /= probs.sum(axis=1, keepdims=True)
+    return _refined(values, probs, token_budget, cap, cv, per_batch, refine)
+
+
+def _refined(values, probs, token_budget: int, cap: int, cv, per_batch: float,
+             refine: int) -> np.ndarray:
+    """Cost per sample of each row of `probs`, the batch's first draw refined by
+    `refine` fixed-point passes (start -> overflow distribution)."""
     start = probs
     for _ in range(refine + 1):
         e_cost, e_size, overflow = _chain(values, probs, start, token_budget, cap, cv)
@@ -122,10 +129,5 @@ def whole_bucket_cost(values, weights, token_budget: int, cap: int, cost_values=
     one row only: cheap enough to price many caps)."""
     values = np.asarray(values, dtype=np.float64)
     probs = np.asarray(weights, dtype=np.float64)[None, :]
-    probs = probs / probs.sum()
     cv = values if cost_values is None else np.asarray(cost_values, dtype=np.float64)
-    start = probs
-    for _ in range(refine + 1):
-        e_cost, e_size, overflow = _chain(values, probs, start, token_budget, cap, cv)
-        start = overflow / np.maximum(overflow.sum(axis=1, keepdims=True), 1e-300)
-    return float((e_cost[0] + per_batch) / e_size[0])
+    return float(_refined(values, probs / probs.sum(), token_budget, cap, cv, per_batch, refine)[0])
