@@ -1,6 +1,6 @@
 """Predicted against measured epoch time, per batching strategy, on the default world.
 
-    python benchmarks/bench_step_cost.py [--json out.json] [--buckets K] [override ...]
+    python benchmarks/bench_step_cost.py [--json out.json] [--buckets K] [--threads N] [override ...]
 
 For each strategy (packed with a cost file of its own: its rows take another code
 path) the step is profiled (`python -m dflash.profile`, the same code), then one epoch
@@ -13,6 +13,10 @@ after the profile and right before and after every epoch. `probe` is the epoch's
 over the profile's (1.00: the machine ran at the profile's speed); `adjusted` is the
 error of the prediction scaled by it. Both are printed: the raw error is what a user
 of a quiet machine sees, the adjusted one isolates the model from the machine's drift.
+
+`--threads N` runs profile and epochs on N CPU threads (the cost file records the
+count, so the two always match). On a shared VM whose second core comes and goes
+(`benchmarks/bench_cpu_speed.py` measures it), one thread is the steady measure.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from dflash.config import compose  # noqa: E402
 from dflash.profile import run_profile  # noqa: E402
@@ -125,7 +130,11 @@ def main() -> None:
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--buckets", type=int, default=0,
                     help="also fit K buckets to padding and to time and train one epoch of each")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     args, overrides = ap.parse_known_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"{torch.get_num_threads()} CPU threads", flush=True)
     tmp = tempfile.mkdtemp(prefix="dflash-step-cost-")
     strategies = [s for s in args.strategies.split(",") if s]
     cost, points = profile(tmp, overrides, False)
