@@ -73,7 +73,8 @@ def profile(tmp: str, overrides, packed: bool) -> tuple[str, list]:
     t0 = time.perf_counter()
     r = run_profile(cfg, tmp)
     print(f"profiled {r['num_points']} shapes in {time.perf_counter() - t0:.0f} s ({out}): "
-          f"held-out error {100 * r['fit'].get('heldout_mean_abs_error', float('nan')):.1f}%",
+          f"held-out error {100 * r['fit'].get('heldout_mean_abs_error', float('nan')):.1f}%, "
+          f"repeat spread {100 * r['fit'].get('repeat_spread', float('nan')):.1f}%",
           flush=True)
     with open(out) as f:
         return out, json.load(f)["points"]

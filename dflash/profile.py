@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from dflash import config
-from dflash.batching.step_cost import TERMS, fit_with_holdout, write_cost_file
+from dflash.batching.step_cost import TERMS, fit_with_holdout, repeat_spread, write_cost_file
 from dflash.errors import user_errors_exit
 from dflash.trainer import Trainer
 from dflash.warmup.profile import profile_shapes, run_identity, time_shapes
@@ -26,6 +26,8 @@ from dflash.warmup.shapes import Shape
 config.register()
 
 log = logging.getLogger("dflash.profile")
+# a repeat spread above this is more than the error a prediction is meant to meet (10%)
+UNSTEADY = 0.10
 
 
 def run_profile(cfg: DictConfig, out_dir) -> dict:
@@ -47,6 +49,8 @@ def run_profile(cfg: DictConfig, out_dir) -> dict:
                          trainer.topo.drafter_device, reps=int(p.reps), packed=packed,
                          progress=bool(cfg.logger.progress), doc_len=doc_len)
     model, fit = fit_with_holdout(points, int(p.holdout_every))
+    if int(p.reps) >= 2:  # one repeat has no spread
+        fit["repeat_spread"] = repeat_spread(points)
     if int(p.calibrate_steps) > 0:
         fit["calibration"] = calibrate(cfg, model, Path(out_dir) / "calibrate", int(p.calibrate_steps))
     identity = run_identity(cfg, trainer.topo.drafter_device)
@@ -83,6 +87,9 @@ def format_profile(r: dict) -> str:
         lines[-1] += (f"; on {f['num_heldout']} held-out shapes mean "
                       f"{100 * f['heldout_mean_abs_error']:.1f}%, max "
                       f"{100 * f['heldout_max_abs_error']:.1f}%")
+    spread = f.get("repeat_spread")
+    if spread is not None:
+        lines.append(f"repeats of one shape: median spread {100 * spread:.1f}% (slowest - fastest)")
     if "calibration" in f:
         c = f["calibration"]
         lines.append(f"training loop: {c['steps']} real steps took {c['measured_seconds']:.2f} s, "
@@ -95,7 +102,23 @@ def format_profile(r: dict) -> str:
 @user_errors_exit
 def main(cfg: DictConfig) -> None:
     out = Path(HydraConfig.get().runtime.output_dir)
-    print(format_profile(run_profile(cfg, out)))
+    r = run_profile(cfg, out)
+    print(format_profile(r))
+    warning = steadiness_warning(r["fit"])
+    if warning:
+        log.warning(warning)
+
+
+def steadiness_warning(fit: dict) -> str | None:
+    """One line when the machine repeats a shape less closely than a prediction is
+    meant to hold: every figure predicted from this file inherits that noise."""
+    spread = fit.get("repeat_spread")
+    if spread is None or spread <= UNSTEADY:
+        return None
+    return (f"this machine's step time moved {100 * spread:.0f}% between repeats of one shape "
+            f"(median over shapes): no prediction from this file can be closer than that. On a "
+            f"shared CPU fewer threads are often steadier (OMP_NUM_THREADS=1; the cost file "
+            f"records the count, so training must use the same)")
 
 
 if __name__ == "__main__":

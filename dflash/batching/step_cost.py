@@ -133,6 +133,14 @@ def _fit_switch(points: list[dict]) -> np.ndarray | None:
     return coef / scale
 
 
+def repeat_spread(points: list[dict]) -> float | None:
+    """How well the machine repeats itself: the median over shapes of a shape's
+    (slowest - fastest) repeat over its median. No prediction can be closer than the
+    machine repeats, so a profile reports it (None: no point was repeated)."""
+    r = [p["spread"] / p["seconds"] for p in points if p.get("spread") is not None and p["seconds"] > 0]
+    return float(np.median(r)) if r else None
+
+
 def fit_with_holdout(points: list[dict], holdout_every: int = 4) -> tuple[CostModel, dict]:
     """Fit on all but every `holdout_every`-th point (by time order of size), report the
     error on those, then refit on all points (the model the file keeps), with the

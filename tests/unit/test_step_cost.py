@@ -108,3 +108,16 @@ def test_profiled_shapes_follow_the_settings_and_packed_rows_vary_every_dimensio
     packed = profile_shapes([Shape(2, 1024, 400)], 4096, 16)  # one length: vary each dimension
     assert {s.seq_len for s in packed} >= {512, 1024} and {s.batch_size for s in packed} >= {1, 2}
     assert {s.anchors for s in packed} >= {100, 400}
+
+
+def test_a_profile_reports_how_well_the_machine_repeats_and_warns_above_ten_percent():
+    from dflash.batching.step_cost import repeat_spread
+    from dflash.profile import steadiness_warning
+    pts = [{"rows": 1, "seq_len": 8, "anchors": 1, "seconds": s, "spread": d}
+           for s, d in [(1.0, 0.02), (2.0, 0.5), (4.0, 0.2)]]  # 2%, 25%, 5%
+    assert repeat_spread(pts) == pytest.approx(0.05)
+    assert steadiness_warning({"repeat_spread": 0.05}) is None
+    assert steadiness_warning({}) is None  # one repeat: nothing to say
+    pts[0]["spread"] = 0.3  # now 30%, 25%, 5%: the median shape moved 25%
+    line = steadiness_warning({"repeat_spread": repeat_spread(pts)})
+    assert "25%" in line and "OMP_NUM_THREADS=1" in line and "\n" not in line
