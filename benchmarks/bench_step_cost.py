@@ -133,6 +133,8 @@ def main() -> None:
                     help="also fit K buckets to padding and to time and train one epoch of each")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     args, overrides = ap.parse_known_args()
+    if args.threads < 0:
+        ap.error(f"--threads must be 0 (torch's default) or a count, not {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"{torch.get_num_threads()} CPU threads", flush=True)

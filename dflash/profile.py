@@ -98,17 +98,6 @@ def format_profile(r: dict) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path="conf", config_name="profile", version_base="1.3")
-@user_errors_exit
-def main(cfg: DictConfig) -> None:
-    out = Path(HydraConfig.get().runtime.output_dir)
-    r = run_profile(cfg, out)
-    print(format_profile(r))
-    warning = steadiness_warning(r["fit"])
-    if warning:
-        log.warning(warning)
-
-
 def steadiness_warning(fit: dict) -> str | None:
     """One line when the machine repeats a shape less closely than a prediction is
     meant to hold: every figure predicted from this file inherits that noise."""
@@ -119,6 +108,17 @@ def steadiness_warning(fit: dict) -> str | None:
             f"(median over shapes): no prediction from this file can be closer than that. On a "
             f"shared CPU fewer threads are often steadier (OMP_NUM_THREADS=1; the cost file "
             f"records the count, so training must use the same)")
+
+
+@hydra.main(config_path="conf", config_name="profile", version_base="1.3")
+@user_errors_exit
+def main(cfg: DictConfig) -> None:
+    out = Path(HydraConfig.get().runtime.output_dir)
+    r = run_profile(cfg, out)
+    print(format_profile(r))
+    warning = steadiness_warning(r["fit"])
+    if warning:
+        log.warning(warning)
 
 
 if __name__ == "__main__":
