@@ -6,6 +6,7 @@ CPU). The frozen target is never wrapped.
 """
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -103,7 +104,18 @@ def build_topology(cfg) -> Topology:
         if drafter_device.type == "cuda":
             torch.cuda.set_device(drafter_device)
         torch.distributed.init_process_group(backend)
+        atexit.register(shutdown_process_group)
     return Topology(rank, world, local, device, drafter_device)
+
+
+def shutdown_process_group() -> None:
+    """Destroy the process group while the interpreter is still whole. Left to
+    finalization, gloo's worker threads can still hold finished work whose tensors point
+    into Python; tearing those down then aborts the process (SIGABRT, "terminate called
+    without an active exception") after a run that succeeded, and torchrun reports the
+    job failed. Registered with atexit, so sys.exit and errors take the same path."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def replica_digests(state_dict: dict, topo) -> list[str]:

@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from dflash.config import compose
 from tests.helpers.paths import REPO
 
@@ -86,3 +88,12 @@ def _in_process(module: str, args: list) -> subprocess.CompletedProcess:
             signal.signal(s, h)
         torch.set_num_threads(threads)
     return subprocess.CompletedProcess([module, *args], code, out.getvalue(), err.getvalue())
+
+
+def torchrun_ok(proc) -> None:
+    """A finished torchrun that must have succeeded. On failure, show what the ranks
+    printed: torchrun's own traceback after it says only which rank died, by which signal."""
+    if proc.returncode:
+        ranks = proc.stderr.rpartition("Traceback (most recent call last):")[0] or proc.stderr
+        pytest.fail(f"torchrun exited {proc.returncode}; the ranks' stderr ends:\n"
+                    f"{ranks[-3000:]}", pytrace=False)

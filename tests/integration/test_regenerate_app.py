@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.helpers.paths import REPO
-from tests.helpers.run import run_module
+from tests.helpers.run import run_module, torchrun_ok
 
 VOCAB = 208  # the chat_tokenizer fixture's vocabulary
 
@@ -206,7 +206,7 @@ def test_every_local_path_writes_the_same_greedy_replies(tmp_path, chat_tokenize
                                    "--nproc_per_node=2", "--master_port=29547",
                                    "-m", "dflash.regenerate", *args], cwd=REPO, text=True,
                                   capture_output=True, timeout=300)
-            assert proc.returncode == 0, proc.stderr[-3000:]
+            torchrun_ok(proc)
         else:  # a launcher plugin is a multirun's
             run_module("dflash.regenerate", *(["-m"] if name == "submitit" else []), *args)
         outs[name] = out.read_text()

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers.paths import REPO
-from tests.helpers.run import WORLD, run_module
+from tests.helpers.run import WORLD, run_module, torchrun_ok
 from dflash import resume as state
 from dflash.errors import DataError
 
@@ -192,7 +192,8 @@ def test_two_gloo_ranks_preempted_then_resumed(tmp_path, world_cache):
                                                epochs=1)[1:]]
     env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
     ref = tmp_path / "ref"
-    subprocess.run(cmd(ref), cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+    torchrun_ok(subprocess.run(cmd(ref), cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=300))
     a = json.loads((ref / "summary.json").read_text())
     assert a["world_size"] == 2 and a["batches_per_epoch"] % 2 == 1
     assert a["steps"] == a["steps_per_epoch"] == (a["batches_per_epoch"] + 1) // 2
@@ -205,9 +206,8 @@ def test_two_gloo_ranks_preempted_then_resumed(tmp_path, world_cache):
     _, err = proc.communicate(timeout=120)
     cut = json.loads((run / "summary.json").read_text())
     assert cut["preempted"] and cut["steps"] < a["steps"], err[-2000:]
-    done = subprocess.run(cmd(run, "resume=auto"), cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    torchrun_ok(subprocess.run(cmd(run, "resume=auto"), cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=300))
     b = json.loads((run / "summary.json").read_text())
     assert b["resumed_from"] and b["steps"] == a["steps"]
     assert b["replica_digests"] == a["replica_digests"]

@@ -56,3 +56,27 @@ def test_cpu_processes_sharing_a_node_split_its_cores(monkeypatch):
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_process_group_dflash_starts_is_destroyed_before_the_interpreter_ends(monkeypatch):
+    """Left to interpreter finalization, gloo's worker threads can abort a rank whose run
+    succeeded (SIGABRT): the group is destroyed at exit, while Python is still whole."""
+    import atexit
+    for k in EXPORTED:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    calls, at_exit = [], []
+    live = {"group": False}
+    monkeypatch.setattr(torch.distributed, "init_process_group",
+                        lambda *a, **k: live.update(group=True))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: live["group"])
+    monkeypatch.setattr(torch.distributed, "destroy_process_group",
+                        lambda *a: (calls.append("destroy"), live.update(group=False)))
+    monkeypatch.setattr(atexit, "register", at_exit.append)
+    build_topology(compose("train", ["topology.dp_size=2"]).topology)
+    assert live["group"] and len(at_exit) == 1 and not calls
+    at_exit[0]()
+    at_exit[0]()  # a group already destroyed (by the app itself) is left alone
+    assert calls == ["destroy"] and not live["group"]
