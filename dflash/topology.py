@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -108,14 +109,23 @@ def build_topology(cfg) -> Topology:
     return Topology(rank, world, local, device, drafter_device)
 
 
+# How long the last collectives' worker threads get to let go of their tensors at exit
+DRAIN_SECONDS = 0.2
+
+
 def shutdown_process_group() -> None:
-    """Destroy the process group while the interpreter is still whole. Left to
-    finalization, gloo's worker threads can still hold finished work whose tensors point
-    into Python; tearing those down then aborts the process (SIGABRT, "terminate called
-    without an active exception") after a run that succeeded, and torchrun reports the
-    job failed. Registered with atexit, so sys.exit and errors take the same path."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    """Destroy the process group, then give its worker threads a moment, while the
+    interpreter is still whole. A gloo worker that has just finished a collective still
+    holds its tensors, and freeing a tensor made in Python takes the GIL: once Python is
+    finalizing, that aborts the process (SIGABRT, "terminate called without an active
+    exception") after a run that succeeded, and torchrun reports the job failed.
+    Destroying the group joins those threads only when nothing else holds it, and DDP
+    keeps a reference, so the short wait is what covers a training run. Registered with
+    atexit: sys.exit and errors take the same path."""
+    if not torch.distributed.is_initialized():  # not if the app destroyed it already
+        return
+    torch.distributed.destroy_process_group()
+    time.sleep(DRAIN_SECONDS)
 
 
 def replica_digests(state_dict: dict, topo) -> list[str]:

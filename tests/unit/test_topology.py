@@ -60,7 +60,8 @@ def test_cpu_processes_sharing_a_node_split_its_cores(monkeypatch):
 
 def test_a_process_group_dflash_starts_is_destroyed_before_the_interpreter_ends(monkeypatch):
     """Left to interpreter finalization, gloo's worker threads can abort a rank whose run
-    succeeded (SIGABRT): the group is destroyed at exit, while Python is still whole."""
+    succeeded (SIGABRT): the group is destroyed at exit, while Python is still whole, and
+    its workers get a moment to let go of their tensors."""
     import atexit
     for k in EXPORTED:
         monkeypatch.delenv(k, raising=False)
@@ -75,8 +76,11 @@ def test_a_process_group_dflash_starts_is_destroyed_before_the_interpreter_ends(
     monkeypatch.setattr(torch.distributed, "destroy_process_group",
                         lambda *a: (calls.append("destroy"), live.update(group=False)))
     monkeypatch.setattr(atexit, "register", at_exit.append)
+    import dflash.topology as topology
+    monkeypatch.setattr(topology.time, "sleep", lambda s: calls.append(f"wait {s}s"))
     build_topology(compose("train", ["topology.dp_size=2"]).topology)
     assert live["group"] and len(at_exit) == 1 and not calls
     at_exit[0]()
     at_exit[0]()  # a group already destroyed (by the app itself) is left alone
-    assert calls == ["destroy"] and not live["group"]
+    # then its worker threads get a moment to free the last collectives' tensors
+    assert calls == ["destroy", f"wait {topology.DRAIN_SECONDS}s"] and not live["group"]
