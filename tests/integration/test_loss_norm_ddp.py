@@ -9,6 +9,7 @@ from dflash.config import DrafterConfig, TargetConfig
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import Objective, drafter_loss, sample_anchors
 from dflash.model.target import Target
+from dflash.topology import shutdown_process_group
 
 LENGTHS = [24, 30, 28, 26, 96, 90, 80, 88]  # A: 4 short rows, B: 4 long ones
 
@@ -46,7 +47,7 @@ def _rank(rank, world, store, result, norm, weight):
     if rank == 0:
         torch.save({k: p.grad for k, p in drafter.named_parameters()}, result)
     dist.barrier()
-    dist.destroy_process_group()
+    shutdown_process_group()  # as dflash's own ranks end: destroy alone can abort at exit
 
 
 def _two_ranks(tmp_path, norm, weight):

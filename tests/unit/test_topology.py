@@ -84,3 +84,19 @@ def test_a_process_group_dflash_starts_is_destroyed_before_the_interpreter_ends(
     at_exit[0]()  # a group already destroyed (by the app itself) is left alone
     # then its worker threads get a moment to free the last collectives' tensors
     assert calls == ["destroy", f"wait {topology.DRAIN_SECONDS}s"] and not live["group"]
+
+
+def test_every_rank_a_test_starts_ends_as_dflash_ranks_do():
+    """Ranks a test starts itself (mp.spawn) end through `shutdown_process_group`:
+    `destroy_process_group` alone can leave a gloo worker freeing a tensor after the
+    interpreter began to finalize, and the rank aborts after a run that passed."""
+    import re
+    from tests.helpers.paths import REPO
+    starts = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        text = path.read_text()
+        if re.search(r"^\s+dist\.init_process_group\(", text, re.M):
+            starts.append(path.name)
+            assert re.search(r"^\s+shutdown_process_group\(\)", text, re.M), path
+            assert not re.search(r"^\s+dist\.destroy_process_group\(", text, re.M), path
+    assert {"test_loss_norm_ddp.py", "test_distributed_plans.py"} <= set(starts)
