@@ -109,6 +109,12 @@ class DrafterConfig:
     # run's drafter/) loaded before step 1, weights only (optimizer and schedule fresh);
     # its shape, taps, block size, mask token and vocabulary must match this run's
     init: Optional[str] = None
+    # a fresh drafter's output norm weight. 0: every first logit is 0, so the first loss
+    # is ln(vocab) exactly; at 1 a block position's hidden state is still mostly its
+    # input embedding, which the (often tied) LM head scores as the anchor token itself:
+    # SmolLM2-135M's first loss was 53.5 against ln(49,152) = 10.8. Adam moves it on the
+    # first step; the layers learn from the second.
+    norm_init: float = 0.0
 
 
 @dataclass

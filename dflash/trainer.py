@@ -219,10 +219,13 @@ class Trainer:
         return torch.compile(drafter, dynamic=mode == "dynamic", backend=backend)
 
     def build_drafter(self) -> DFlashDrafter:
-        spec = DrafterSpec.from_target(self.target, self.cfg.model.drafter)
+        spec = DrafterSpec.from_target(self.target, self.cfg.model.drafter,
+                                       self.sources.mask_token_id)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(self.cfg.model.drafter.seed))
             drafter = DFlashDrafter(spec)  # fp32 master weights, whatever the target's dtype
+        with torch.no_grad():  # (a warm start below replaces it)
+            drafter.norm.weight.fill_(float(self.cfg.model.drafter.norm_init))
         if self.cfg.model.drafter.get("init"):
             self.warm_start(drafter, str(self.cfg.model.drafter.init))
         drafter.set_attention(choice(self.cfg.model.attention))

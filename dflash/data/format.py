@@ -132,8 +132,9 @@ class TokenDataset:
             sample = int(np.searchsorted(self.offsets, first, side="right")) - 1
             raise DataError(f"{self.path}: sample {sample} holds token id {token_id}, the "
                             f"drafter's mask token ({key}; {total} occurrences in the set); "
-                            "set it to an id the data never uses (the tokenizer's reserved "
-                            "mask token, e.g. 151669 for Qwen3)")
+                            "set it to an id the data never uses: a row past the tokenizer's "
+                            "(151669 for Qwen3) or a reserved special token no chat renders "
+                            "(left null, dflash picks one from the data's tokenizer)")
 
     @classmethod
     def open(cls, path: str | Path) -> "TokenDataset":

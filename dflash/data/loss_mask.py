@@ -92,11 +92,56 @@ def _prefix_len(tok, prefix: list[dict], text: str) -> int | None:
 
 
 def assistant_mask(tok, messages: list[dict], where: str,
-                   eot: frozenset[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids (int64) and loss mask (uint8) for one conversation."""
+                   eot: frozenset[int] | None = None,
+                   cut_turns: frozenset[int] = frozenset()) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids (int64) and loss mask (uint8) for one conversation. `cut_turns`: message
+    indices of replies cut at max_new_tokens: the target never closed them, so their
+    rendered end-of-turn token is not supervised (it would teach a false end of turn)."""
     check_messages(messages, where)
     eot = end_of_turn_ids(tok) if eot is None else eot
     text = tok.apply_chat_template(messages, tokenize=False)
+    ids, mask = _masked(tok, messages, text, where, eot, cut_turns)
+    if not mask.any():
+        raise DataError(f"{where}: no assistant content, nothing to supervise")
+    return ids, mask
+
+
+def regenerated_mask(tok, messages: list[dict], token_ids: dict, where: str,
+                     eot: frozenset[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token-exact ids and mask of a conversation whose last assistant turn a local
+    target wrote (`dflash.regenerate`'s `token_ids`: the prompt it was given, the ids it
+    generated, the stop id it ended with or null when cut at max_new_tokens). The reply
+    is the generated ids themselves, never its text re-tokenized; earlier assistant
+    turns in the prompt are supervised as `assistant_mask` would."""
+    check_messages(messages, where)
+    eot = end_of_turn_ids(tok) if eot is None else eot
+    try:
+        prompt = [int(i) for i in token_ids["prompt"]]
+        reply = [int(i) for i in token_ids["reply"]]
+        stop = token_ids.get("stop")
+        kwargs = dict(token_ids.get("template_kwargs") or {})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{where}: token_ids needs integer lists 'prompt' and 'reply' "
+                        f"({exc})") from None
+    head = messages[:max(i for i, m in enumerate(messages) if m["role"] == "assistant")]
+    text = tok.apply_chat_template(head, tokenize=False, add_generation_prompt=True, **kwargs)
+    ids, mask = _masked(tok, head, text, where, eot, frozenset())
+    if ids.tolist() != prompt:
+        raise DataError(f"{where}: token_ids.prompt is not what this tokenizer's chat template "
+                        "renders for the conversation (regenerated with another tokenizer?)")
+    tail = reply + ([int(stop)] if stop is not None else [])
+    if not tail:
+        raise DataError(f"{where}: no assistant content, nothing to supervise")
+    bad = [i for i in tail if not 0 <= i < len(tok)]
+    if bad:
+        raise DataError(f"{where}: token_ids.reply holds id {bad[0]}, outside the "
+                        f"tokenizer's {len(tok)} tokens")
+    return (np.concatenate([ids, np.asarray(tail, dtype=np.int64)]),
+            np.concatenate([mask, np.ones(len(tail), dtype=np.uint8)]))
+
+
+def _masked(tok, messages, text, where, eot, cut_turns) -> tuple[np.ndarray, np.ndarray]:
+    """Ids of `text` (the rendered `messages`) and the mask over their assistant turns."""
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], dtype=np.int64)
     offs = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
@@ -122,11 +167,23 @@ def assistant_mask(tok, messages: list[dict], where: str,
             lo_char = think if think >= 0 else rpos if rpos >= 0 else pos
         lo = int(np.searchsorted(ends, lo_char, side="right"))  # first token ending inside
         hi = int(np.searchsorted(starts, hi_char, side="left"))
-        while hi < len(ids) and not is_eot[hi] and not text[starts[hi]:ends[hi]].strip():
-            hi += 1  # whitespace the model emits before closing the turn
-        if hi < len(ids) and is_eot[hi] and not text[hi_char:starts[hi]].strip():
-            hi += 1
+        if j not in cut_turns:  # a cut reply ends where it was cut
+            while hi < len(ids) and not is_eot[hi] and not text[starts[hi]:ends[hi]].strip():
+                hi += 1  # whitespace the model emits before closing the turn
+            if hi < len(ids) and is_eot[hi] and not text[hi_char:starts[hi]].strip():
+                hi += 1
         mask[lo:hi] = 1
-    if not mask.any():
-        raise DataError(f"{where}: no assistant content, nothing to supervise")
     return ids, mask
+
+
+def cut_turns(record: dict, messages: list[dict]) -> frozenset[int]:
+    """Assistant turns a regeneration cut at max_new_tokens, from `dflash.regenerate`'s
+    `finish_reasons` (turns=each: one per assistant turn, the last ones) or
+    `finish_reason` (its last assistant turn)."""
+    turns = [i for i, m in enumerate(messages if isinstance(messages, list) else [])
+             if isinstance(m, dict) and m.get("role") == "assistant"]
+    reasons = record.get("finish_reasons")
+    if not isinstance(reasons, list):
+        reasons = [record.get("finish_reason")] if turns else []
+    return frozenset(t for t, r in zip(turns[len(turns) - len(reasons):], reasons)
+                     if r == "length")

@@ -63,7 +63,8 @@ class LocalBackend:
 
     def generate(self, prompts: list, batch_index: int = 0) -> list[dict]:
         """Per prompt: generated token ids (stop token excluded), finish reason
-        ("stop" or "length") and the tokens generated (the stop token included)."""
+        ("stop" or "length"), the tokens generated (the stop token included) and, when
+        it stopped, the stop token's id."""
         if self.compile_backend is not None:
             outs = self._hf_generate(prompts, batch_index, sample=self.temperature > 0)
         elif self.temperature <= 0:
@@ -80,7 +81,7 @@ class LocalBackend:
         stop = set(self.stop)
         for i, t in enumerate(toks):
             if t in stop:
-                return {"ids": toks[:i], "finish_reason": "stop", "tokens": i + 1}
+                return {"ids": toks[:i], "finish_reason": "stop", "tokens": i + 1, "stop_id": t}
         return {"ids": toks[:self.max_new_tokens], "finish_reason": "length",
                 "tokens": min(len(toks), self.max_new_tokens)}
 

@@ -1,7 +1,8 @@
 """Chat JSONL -> generation requests: which assistant turn to regenerate, its prompt.
 
 The input is what `dflash.data.prepare` reads ({"messages": [...]} or "conversations",
-one conversation a line). `turns=last` regenerates each conversation's last assistant
+one conversation a line); a conversation that ends in a user turn (prompts only) gets its
+reply as a new final assistant turn. `turns=last` regenerates each conversation's last assistant
 turn; `turns=each` regenerates every assistant turn in order, each prompted with the
 regenerated turns before it (round r regenerates turn r of every conversation that has
 one). A line that cannot be used is skipped and named with `file:line` and why.
@@ -59,9 +60,14 @@ def _parse(raw: bytes, where: str, index: int) -> Conversation:
     rec = read_record(raw, where)
     messages = rec.get("messages", rec.get("conversations"))
     check_messages(messages, where)
+    if messages[-1]["role"] == "user":
+        # prompts only (the usual input: the replies are to come from the target): the
+        # reply to the last user turn is the final assistant turn to write
+        messages = [*messages, {"role": "assistant", "content": ""}]
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
-        raise DataError(f"{where}: no assistant turn to regenerate")
+        raise DataError(f"{where}: no assistant turn to regenerate and no final user turn "
+                        "to answer")
     if turns[0] == 0:
         raise DataError(f"{where}: the conversation starts with an assistant turn (no prompt)")
     return Conversation(index, where, rec, messages, turns)
@@ -102,7 +108,8 @@ def split_reasoning(text: str) -> dict:
     return {"role": "assistant", "content": text.strip()}
 
 
-def output_record(c: Conversation, turns: str, results: dict) -> dict:
+def output_record(c: Conversation, turns: str, results: dict,
+                  template_kwargs: dict | None = None) -> dict:
     """The input record with its regenerated turns (messages after the last
     regenerated turn are dropped under turns=last: they answered the old reply)."""
     keep = c.assistant_turns[-1] + 1
@@ -114,6 +121,10 @@ def output_record(c: Conversation, turns: str, results: dict) -> dict:
     rec["generated_tokens"] = int(sum(r["tokens"] for r in done))
     if turns == "each":
         rec["finish_reasons"] = [r["finish_reason"] for r in done]
+    last = results.get(f"{c.index}/{c.assistant_turns[-1]}")
+    if last is not None and "ids" in last:  # a local target: its tokens, exactly
+        rec["token_ids"] = {"prompt": last["prompt_ids"], "reply": last["ids"],
+                            "stop": last.get("stop_id"), "template_kwargs": template_kwargs or {}}
     return rec
 
 

@@ -150,8 +150,11 @@ class Regeneration:
             outs = self.backend.generate_messages([r.messages for r in reqs])
             return [{"key": r.key, **o} for r, o in zip(reqs, outs)]
         outs = self.backend.generate([r.prompt_ids for r in reqs], batch_index)
+        # the ids themselves travel on: decoding then re-tokenizing the text is not
+        # token-exact (merges differ, invalid UTF-8 becomes U+FFFD)
         return [{"key": r.key, "text": self.tok.decode(o["ids"], skip_special_tokens=False),
-                 "finish_reason": o["finish_reason"], "tokens": o["tokens"]}
+                 "finish_reason": o["finish_reason"], "tokens": o["tokens"],
+                 "prompt_ids": r.prompt_ids, "ids": o["ids"], "stop_id": o.get("stop_id")}
                 for r, o in zip(reqs, outs)]
 
     def finish(self, out, convs, dropped, skipped, results, stats, lines_read, seconds) -> dict:
@@ -167,6 +170,7 @@ class Regeneration:
                   "tokens_per_second": stats["generated_tokens_this_run"] / max(seconds, 1e-9),
                   "output": str(out)}
         if self.rank == 0:
-            write_jsonl(out, [output_record(x, str(c.turns), results) for x in kept])
+            kwargs = dict(c.chat_template_kwargs)
+            write_jsonl(out, [output_record(x, str(c.turns), results, kwargs) for x in kept])
             Path(str(out) + ".report.json").write_text(json.dumps(report, indent=2))
         return report

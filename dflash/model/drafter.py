@@ -40,9 +40,9 @@ class DrafterSpec:
     attention_bias: bool = False  # bias on q/k/v/o projections (Qwen3 attention_bias)
 
     @classmethod
-    def from_target(cls, target, cfg) -> "DrafterSpec":
+    def from_target(cls, target, cfg, default_mask: int | None = None) -> "DrafterSpec":
         tc = target.config
-        mask = mask_token_id(cfg, target.vocab_size)
+        mask = mask_token_id(cfg, target.vocab_size, default_mask)
         return cls(hidden_size=tc.hidden_size, num_layers=cfg.num_layers,
                    num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
                    head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
@@ -55,10 +55,12 @@ class DrafterSpec:
                    max_position_embeddings=getattr(tc, "max_position_embeddings", 40960))
 
 
-def mask_token_id(cfg, vocab_size: int) -> int:
-    """The drafter's mask token: `model.drafter.mask_token_id`, or the last embedding
-    row when unset (a padded row no tokenizer emits); it must index the embedding."""
-    mask = cfg.mask_token_id if cfg.mask_token_id is not None else vocab_size - 1
+def mask_token_id(cfg, vocab_size: int, default: int | None = None) -> int:
+    """The drafter's mask token: `model.drafter.mask_token_id`, else `default` (a row
+    the data's tokenizer never emits, `dflash.data.mask_token`), else the last embedding
+    row; it must index the embedding."""
+    mask = (cfg.mask_token_id if cfg.mask_token_id is not None
+            else default if default is not None else vocab_size - 1)
     if not 0 <= int(mask) < vocab_size:
         raise ConfigError(f"model.drafter.mask_token_id={mask} is outside the target's "
                           f"embedding of {vocab_size} rows")

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from dflash.options import choice
 from dflash.data.build import Data, load_data
+from dflash.data.mask_token import default_mask_token
 from dflash.data.overlong import apply_to_lengths
 from dflash.data.synthetic import synthetic_lengths
 from dflash.errors import ConfigError, DataError
@@ -28,6 +29,7 @@ class Sources:
     target: Target
     eval_prompts: list  # 1-D int arrays
     target_dir: str | None = None  # where the target's HF files are (None: built in memory)
+    mask_token_id: int = 0  # the drafter's mask token, checked absent from the data
 
 
 def _world(cfg, progress: bool) -> Sources:
@@ -47,7 +49,29 @@ def _world(cfg, progress: bool) -> Sources:
             "target_dir": str(world.target_dir), "path": str(world.dataset.path),
             **{k: world.dataset.meta[k] for k in ("target_rewritten_samples",
                                                    "target_unsettled_samples")}}
-    return Sources(Data(lengths, world.dataset, info), target, prompts, str(world.target_dir))
+    mask = checked_mask_token(cfg, world.dataset, int(cfg.model.target.vocab_size), None)
+    return Sources(Data(lengths, world.dataset, info), target, prompts, str(world.target_dir), mask)
+
+
+def _data_tokenizer(dataset, target_path):
+    """The tokenizer the data set was prepared with (its meta.json names it), else the
+    target's directory's; None when neither loads (synthetic sets have none)."""
+    from dflash.data.prepare import load_tokenizer
+    for where in (dataset.meta.get("tokenizer"), target_path):
+        if where and Path(where).is_dir():
+            try:
+                return load_tokenizer(where)
+            except (DataError, OSError, ValueError):
+                continue
+    return None
+
+
+def checked_mask_token(cfg, dataset, vocab: int, tok) -> int:
+    """The drafter's mask token (`model.drafter.mask_token_id`, else a row `tok` never
+    emits), refused when the data set holds it, naming the sample."""
+    mask = mask_token_id(cfg.model.drafter, vocab, default_mask_token(vocab, tok))
+    dataset.check_absent(mask, "model.drafter.mask_token_id")
+    return mask
 
 
 def prompt_of(tokens: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
@@ -65,7 +89,9 @@ def build_sources(cfg, progress: bool = True) -> Sources:
         raise DataError("training needs token data: data.source=lengths only plans "
                         "(use data=world, synthetic or tokenized)")
     data.dataset.check_vocab(vocab)
-    data.dataset.check_absent(mask_token_id(cfg.model.drafter, vocab), "model.drafter.mask_token_id")
+    tok = (_data_tokenizer(data.dataset, cfg.model.target.path)
+           if cfg.model.drafter.mask_token_id is None else None)
+    mask = checked_mask_token(cfg, data.dataset, vocab, tok)
     n_eval = int(cfg.eval.num_prompts) if cfg.eval.enabled else 0
     if n_eval >= len(data.lengths):
         raise ConfigError(f"eval.num_prompts={n_eval} leaves no training samples of "
@@ -74,4 +100,5 @@ def build_sources(cfg, progress: bool = True) -> Sources:
     prompts = [prompt_of(*data.dataset.sample(i)) for i in range(keep, len(data.lengths))]
     data = Data(data.lengths[:keep], data.dataset, {**data.info, "held_out": n_eval})
     target = Target.from_config(cfg.model.target)
-    return Sources(data, target, prompts, cfg.model.target.path and str(Path(cfg.model.target.path)))
+    return Sources(data, target, prompts, cfg.model.target.path and str(Path(cfg.model.target.path)),
+                   mask)

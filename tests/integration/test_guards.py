@@ -47,3 +47,13 @@ def test_too_many_skips_stop(tmp_path, world_cache):
     with pytest.raises(DataError, match="2 steps had a NaN/inf loss or gradient, more than "
                                         "optim.max_skips=1"):
         r.train(Logger())
+
+
+def test_the_world_data_is_checked_for_the_mask_token_like_every_source(world_cache):
+    """data=world (the default) holds ids 0..vocab-2; a mask token it uses is refused
+    before training, naming the sample, as for tokenized data."""
+    from dflash.sources import build_sources
+    from tests.helpers.run import train_config
+    with pytest.raises(DataError, match=r"sample \d+ holds token id 7, the drafter's mask token"):
+        build_sources(train_config(world_cache, "model.drafter.mask_token_id=7"), progress=False)
+    assert build_sources(train_config(world_cache), progress=False).mask_token_id == 511

@@ -8,6 +8,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 import pytest
 
 from tests.helpers.paths import REPO
@@ -39,7 +40,10 @@ def _args(tok, inp, out, *extra):
 
 
 def test_local_greedy_regeneration_feeds_prepare(tmp_path, chat_tokenizer):
-    inp = _jsonl(tmp_path / "in.jsonl", _chats(10), extra=b"{broken\n" + json.dumps(
+    src = _chats(10)
+    for c in src[1::2]:  # prompts only: the reply is the target's to write
+        c["messages"] = c["messages"][:-1]
+    inp = _jsonl(tmp_path / "in.jsonl", src, extra=b"{broken\n" + json.dumps(
         {"messages": [{"role": "user", "content": " ".join(["w1"] * 80)},
                       {"role": "assistant", "content": "w2"}]}).encode() + b"\n")
     out = tmp_path / "regen.jsonl"
@@ -64,9 +68,9 @@ def test_local_greedy_regeneration_feeds_prepare(tmp_path, chat_tokenizer):
     import torch
     tok = AutoTokenizer.from_pretrained(str(chat_tokenizer))
     target = Target.from_config(OmegaConf.structured(TargetConfig(vocab_size=VOCAB))).eval()
-    src = _chats(10)
     for i in (0, 7):
-        text = tok.apply_chat_template(src[i]["messages"][:-1], tokenize=False, add_generation_prompt=True)
+        prompt = src[i]["messages"][:-1] if i % 2 == 0 else src[i]["messages"]
+        text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
         stop = [tok.convert_tokens_to_ids("<|im_end|>")]
         want = target.lm.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=stop,
@@ -77,7 +81,13 @@ def test_local_greedy_regeneration_feeds_prepare(tmp_path, chat_tokenizer):
     from dflash.data.prepare import prepare
     from dflash.config import compose
     from dflash.trainer import Trainer
-    prepare(out, chat_tokenizer, tmp_path / "data")
+    ds, _ = prepare(out, chat_tokenizer, tmp_path / "data")
+    # the prepared replies are the target's own: teacher-forced, it picks every one
+    for k in range(len(ds)):
+        ids, mask = ds.sample(k)
+        sup = np.flatnonzero(mask)
+        logits = target.lm(torch.tensor(ids)[None]).logits[0]
+        assert (logits[sup - 1].argmax(-1).numpy() == ids[sup]).all(), k
     cfg = compose("train", ["data=tokenized", f"data.path={tmp_path / 'data'}", "data.max_seq_len=64",
                             f"model.target.vocab_size={VOCAB}", "model.drafter.block_size=4",
                             "eval.num_prompts=2", "eval.max_new_tokens=8", "optim.max_steps=3",

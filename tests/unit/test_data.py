@@ -171,3 +171,20 @@ def test_a_set_holding_the_mask_token_is_refused_naming_the_sample(tmp_path):
                                         r"\(model.drafter.mask_token_id; 3 occurrences"):
         ds.check_absent(97, "model.drafter.mask_token_id")
     ds.check_absent(98, "model.drafter.mask_token_id")  # absent: passes
+
+
+def test_the_default_mask_token_is_a_row_the_tokenizer_never_emits(tmp_path, chat_tokenizer):
+    from transformers import AutoTokenizer
+    from dflash.data.mask_token import default_mask_token
+    tok = AutoTokenizer.from_pretrained(str(chat_tokenizer))
+    assert default_mask_token(512, None) == 511  # no tokenizer: the last row
+    assert default_mask_token(512, tok) == len(tok)  # a padded vocabulary: the first spare row
+    # a full vocabulary: its last row is a word; the highest reserved special token that
+    # no chat turn renders is taken instead (<|im_start|>/<|im_end|>/<pad> are rendered)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>",
+                                                          "<|reserved_a|>", "<|reserved_b|>"]})
+    reserved = tok.convert_tokens_to_ids("<|reserved_b|>")
+    assert default_mask_token(len(tok), tok) == reserved
+    assert tok.convert_ids_to_tokens(len(tok) - 1) == "<|reserved_b|>"  # (added last)
+    tok.add_tokens(["ectable"])  # a real word in the last row
+    assert default_mask_token(len(tok), tok) == reserved != len(tok) - 1

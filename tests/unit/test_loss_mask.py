@@ -169,3 +169,59 @@ def test_a_reply_the_template_never_renders_is_a_named_error(tmp_path, chat_toke
     f.write_bytes(_chat_line("w1", "w2"))
     with pytest.raises(DataError, match=r"c.jsonl:1: assistant message 1 does not appear"):
         prepare(f, odd, tmp_path / "out", bad_lines="error")
+
+
+def test_a_reply_cut_at_max_new_tokens_never_teaches_an_end_of_turn(tmp_path, tokenizer):
+    name, path, tok, eot = tokenizer
+    conv = CONVERSATIONS[1]  # two assistant turns
+    rows = [{"messages": conv, "finish_reason": "stop"},
+            {"messages": conv, "finish_reason": "length"},  # turns=last: the last was cut
+            {"messages": conv, "finish_reasons": ["length", "stop"]}]  # turns=each
+    f = tmp_path / "c.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ds, _ = prepare(f, path, tmp_path / "out", bad_lines="error")
+    closes = lambda k: ["".join(tok.decode(ds.sample(k)[0][a:b].tolist()).split()).endswith(eot)  # noqa: E731
+                        for a, b in _runs(ds.sample(k)[1])]
+    assert closes(0) == [True, True]
+    assert closes(1) == [True, False] and closes(2) == [False, True]
+
+
+def test_regenerated_replies_are_the_target_ids_and_teacher_forcing_gives_them_back(
+        tmp_path, tokenizer):
+    """A local target's greedy replies, as `dflash.regenerate` writes them (token_ids),
+    prepared: the target teacher-forced over each sample picks every supervised token
+    itself. The reply's text re-tokenized is another token sequence."""
+    import torch
+    from tests.helpers.models import tiny_target
+    name, path, tok, eot = tokenizer
+    target = tiny_target(vocab_size=len(tok)).eval()
+    stop = tok.convert_tokens_to_ids(eot)
+    rows, retokenized_differs = [], 0
+    for k, user in enumerate(["Is it 4?", "Hello world", "two plus two"]):
+        msgs = [{"role": "user", "content": user}]
+        prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        out = target.lm.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                 eos_token_id=stop, pad_token_id=0)[0, len(ids):].tolist()
+        reply, cut = (out[:out.index(stop)], False) if stop in out else (out, True)
+        text = tok.decode(reply)
+        retokenized_differs += tok(text, add_special_tokens=False)["input_ids"] != reply
+        rows.append({"messages": [*msgs, {"role": "assistant", "content": text or "x"}],
+                     "finish_reason": "length" if cut else "stop",
+                     "token_ids": {"prompt": ids, "reply": reply, "stop": None if cut else stop}})
+    f = tmp_path / "r.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ds, _ = prepare(f, path, tmp_path / "out", bad_lines="error")
+    for k, row in enumerate(rows):
+        ids, mask = ds.sample(k)
+        t = row["token_ids"]
+        assert ids.tolist() == t["prompt"] + t["reply"] + ([t["stop"]] if t["stop"] else [])
+        sup = np.flatnonzero(mask)
+        assert sup.tolist() == list(range(len(t["prompt"]), len(ids)))
+        logits = target.lm(torch.tensor(ids)[None]).logits[0]
+        assert (logits[sup - 1].argmax(-1).numpy() == ids[sup]).all()
+    assert retokenized_differs  # what text round trips would have trained on instead
+    bad = dict(rows[0], token_ids=dict(rows[0]["token_ids"], prompt=[1, 2, 3]))
+    f.write_text(json.dumps(bad) + "\n")
+    with pytest.raises(DataError, match=r"r.jsonl:1: token_ids.prompt is not what"):
+        prepare(f, path, tmp_path / "out2", bad_lines="error")

@@ -206,3 +206,51 @@ def test_bfloat16_path_runs_as_on_gpu():
 def test_default_taps_never_name_the_last_layer(n):
     ids = default_layer_ids(n)
     assert ids and max(ids) <= n - 2 and min(ids) >= 0
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama-tied"])
+def test_a_fresh_drafter_starts_at_the_uniform_loss_and_learns(tmp_path, family):
+    """model.drafter.norm_init=0 (default): every first logit is 0, the first loss is
+    ln(vocab); at 1 a tied LM head scores the block's own input embedding (the anchor
+    token) far above the truth. One AdamW step later the loss falls."""
+    import math
+    from types import SimpleNamespace
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from dflash.config import compose
+    from dflash.model.loss import Objective, drafter_loss
+    from dflash.trainer import Trainer
+    from tests.helpers.models import tiny_target
+    target = tiny_target()
+    if family == "llama-tied":
+        torch.manual_seed(0)
+        target = Target(LlamaForCausalLM(LlamaConfig(
+            vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)))
+        with torch.no_grad():  # embeddings of a trained model's scale (SmolLM2: rms 0.14)
+            target.embed_tokens.weight.normal_(0, 0.14)
+    ids = torch.randint(3, 500, (2, 96), generator=torch.Generator().manual_seed(0))
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    mask = valid & (torch.arange(96) >= 32)
+    ctx = target.context(ids, valid.long())
+
+    def first_loss(*overrides):
+        t = Trainer(compose("train", list(overrides)), tmp_path)
+        t.target, t.topo = target, SimpleNamespace(drafter_device=torch.device("cpu"))
+        t.sources = SimpleNamespace(mask_token_id=511)
+        d = t.build_drafter()
+        opt = torch.optim.AdamW(d.parameters(), lr=3e-3)
+        losses = []
+        for _ in range(3):
+            out = drafter_loss(d, ctx, target.embed_tokens, target.lm_head_weight, ids, mask, valid,
+                               Objective(16), torch.Generator().manual_seed(1))
+            losses.append(out.loss.item())
+            opt.zero_grad()
+            out.loss.backward()
+            opt.step()
+        return losses
+
+    zero, one = first_loss(), first_loss("model.drafter.norm_init=1.0")
+    assert zero[0] == pytest.approx(math.log(512), abs=1e-4)
+    assert zero[2] < zero[0]  # the layers learn from the second step
+    if family == "llama-tied":
+        assert one[0] > math.log(512) + 0.5  # confidently wrong through the tied head

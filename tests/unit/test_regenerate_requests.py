@@ -20,7 +20,7 @@ CHAT = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "co
 
 
 def test_bad_lines_are_named_and_skipped_or_stop(tmp_path):
-    p = _write(tmp_path, [CHAT, b"{not json", {"messages": [{"role": "user", "content": "x"}]},
+    p = _write(tmp_path, [CHAT, b"{not json", {"messages": [{"role": "system", "content": "x"}]},
                           b"\xff\xfe", {"conversations": CHAT["messages"]}])
     convs, skipped = read_conversations([p])
     assert len(convs) == 2 and [s["where"] for s in skipped] == [f"{p}:2", f"{p}:3", f"{p}:4"]
@@ -68,3 +68,19 @@ def test_a_prompt_beyond_the_batch_token_budget_is_refused():
     with pytest.raises(DataError, match=r"batching.token_budget=32 is below one prompt \+ "
                                         r"max_new_tokens \(60 tokens\)"):
         plan_batches(reqs, 10, 32, 4)
+
+
+def test_a_prompt_only_conversation_gets_its_reply_as_a_new_final_turn(tmp_path):
+    prompt = {"id": 7, "messages": [{"role": "system", "content": "s"}, *CHAT["messages"],
+                                    {"role": "user", "content": "e"}]}
+    convs, skipped = read_conversations([_write(tmp_path, [prompt])])
+    assert not skipped and num_rounds(convs, "each") == 3
+    (req,) = requests_for_round(convs, "last", 0)
+    assert req.turn == 6 and [m["content"] for m in req.messages] == ["s", "a", "b", "c", "d", "e"]
+    convs[0].replies[6] = {"role": "assistant", "content": "F"}
+    results = {"0/6": {"finish_reason": "stop", "tokens": 2, "prompt_ids": [1, 2], "ids": [5],
+                       "stop_id": 9}}
+    rec = output_record(convs[0], "last", results)
+    assert rec["id"] == 7 and [m["role"] for m in rec["messages"]][-2:] == ["user", "assistant"]
+    assert rec["messages"][-1]["content"] == "F"
+    assert rec["token_ids"] == {"prompt": [1, 2], "reply": [5], "stop": 9, "template_kwargs": {}}
