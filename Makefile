@@ -10,6 +10,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
+	# the public reference drafter (z-lab dflash 0.1.0, same import name as this project):
+	# a wheel on the side, never installed; tests load its model file to compare against
+	$(PY) -m pip download --quiet --no-deps dflash==0.1.0 -d $(VENV)/reference
 	touch $(STAMP)
 
 train: $(STAMP)

@@ -109,12 +109,20 @@ class DrafterConfig:
     # run's drafter/) loaded before step 1, weights only (optimizer and schedule fresh);
     # its shape, taps, block size, mask token and vocabulary must match this run's
     init: Optional[str] = None
-    # a fresh drafter's output norm weight. 0: every first logit is 0, so the first loss
-    # is ln(vocab) exactly; at 1 a block position's hidden state is still mostly its
-    # input embedding, which the (often tied) LM head scores as the anchor token itself:
-    # SmolLM2-135M's first loss was 53.5 against ln(49,152) = 10.8. Adam moves it on the
-    # first step; the layers learn from the second.
-    norm_init: float = 0.0
+    # a fresh drafter's output norm weight. At 1 (HF's init) a block position's hidden
+    # state is still mostly its input (mask) embedding, which a tied LM head scores far
+    # above the truth: SmolLM2-135M's first loss is 53.5 against ln(49,152) = 10.8. At 0
+    # every first logit is 0 (first loss ln V exactly), but AdamW grows the weight by
+    # ~lr a step, which slowed the world's run (acceptance 1.98 against ~2.9 after 320
+    # steps), so 1 stays the default until a real-model A/B says otherwise
+    norm_init: float = 1.0
+    # layer layout, as the public drafter configs write it: per layer full_attention |
+    # sliding_attention (null: all full), the window W (a query at q sees q - (W - 1)
+    # .. q), and causal: in-block attention k' <= k in every layer (exported explicitly
+    # as is_causal and dflash_config.causal; engines default it differently)
+    layer_types: Optional[List[str]] = None
+    sliding_window: Optional[int] = None
+    causal: bool = False
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
     DIR/config.json        Qwen3 config, architectures ["DFlashDraftModel"], top-level
                            block_size and num_target_layers, and
-                           dflash_config {block_size, mask_token_id, target_layer_ids}
+                           dflash_config {block_size, mask_token_id, target_layer_ids,
+                           causal}; layer_types, sliding_window and is_causal explicit
     DIR/model.safetensors  fc.weight, hidden_norm.weight, norm.weight, layers.{i}.* (no
                            embeddings or LM head: those are the target's)
 """
@@ -14,8 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash.errors import DataError
-from dflash.model.drafter import DFlashDrafter, DrafterSpec
+from dflash.errors import ConfigError, DataError
+from dflash.model.drafter import FULL, SLIDING, DFlashDrafter, DrafterSpec, check_layout
 
 
 EXPORT_DTYPES = ("auto", "float32", "bfloat16")
@@ -46,19 +47,21 @@ def drafter_config_dict(spec: DrafterSpec) -> dict:
         "max_position_embeddings": spec.max_position_embeddings,
         "hidden_act": "silu",
         "attention_bias": spec.attention_bias,
-        # dflash trains full attention in every layer; say so, so that no reader
-        # falls back to a sliding-window default
-        "layer_types": ["full_attention"] * spec.num_layers,
-        "use_sliding_window": False,
-        "sliding_window": None,
+        # every layer's kind, and causality, written explicitly: readers' defaults differ
+        # (one takes sliding layers as causal unless is_causal says otherwise)
+        "layer_types": list(spec.layer_types or [FULL] * spec.num_layers),
+        "use_sliding_window": SLIDING in spec.layer_types,
+        "sliding_window": spec.sliding_window,
         "max_window_layers": spec.num_layers,
+        "is_causal": spec.causal,
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         # older readers take block_size from the top level, newer ones from dflash_config
         "block_size": spec.block_size,
         "num_target_layers": spec.num_target_layers,
         "dflash_config": {"block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
-                          "target_layer_ids": list(spec.target_layer_ids)},
+                          "target_layer_ids": list(spec.target_layer_ids),
+                          "causal": spec.causal},
     }
 
 
@@ -87,23 +90,36 @@ def _rope_theta(cfg: dict, where: str) -> float:
     return float(theta) if theta is not None else 1_000_000.0
 
 
-def _check_full_attention(cfg: dict, where: str) -> None:
-    kinds = cfg.get("layer_types") or []
-    sliding = [i for i, k in enumerate(kinds) if k != "full_attention"]
-    if sliding or (cfg.get("use_sliding_window") and not kinds):
-        what = (f"layers {sliding} are {sorted({kinds[i] for i in sliding})}" if sliding
-                else f"use_sliding_window is true (window {cfg.get('sliding_window')})")
-        raise DataError(f"{where}: {what}; dflash's drafter attends to the full context in "
-                        "every layer, so it cannot load a sliding-window drafter faithfully")
+def _layout(cfg: dict, where: str) -> dict:
+    """layer_types, sliding_window and causal as the public reference reader takes them:
+    layer_types (else use_sliding_window + max_window_layers, else all full), and
+    causality from dflash_config.causal, else is_causal, else its default (sliding
+    layers causal, full ones not), refused when that default would mix the two."""
+    n = int(cfg["num_hidden_layers"])
+    kinds = cfg.get("layer_types")
+    if not kinds:
+        first = int(cfg.get("max_window_layers") or 0) if cfg.get("use_sliding_window") else n
+        kinds = [FULL if i < first else SLIDING for i in range(n)]
+    window = cfg.get("sliding_window") if SLIDING in kinds else None
+    causal = cfg.get("dflash_config", {}).get("causal", cfg.get("is_causal"))
+    if causal is None:
+        if SLIDING in kinds and FULL in kinds:
+            raise DataError(f"{where}: is_causal is not set and the layers mix sliding (causal "
+                            "by the reference reader's default) and full (bidirectional); "
+                            "dflash trains one in-block causality for every layer: set "
+                            "is_causal to what the drafter was trained with")
+        causal = SLIDING in kinds
+    try:
+        check_layout(n, kinds, window, prefix="")
+    except ConfigError as exc:
+        raise DataError(f"{where}: {exc}") from None
+    return {"layer_types": list(kinds), "sliding_window": None if window is None else int(window),
+            "causal": bool(causal)}
 
 
 def _check_unsupported(cfg: dict, where: str) -> None:
     """Keys a public reader honours that dflash's drafter does not compute: loading
     them anyway would run a different model under the same weights."""
-    if cfg.get("is_causal"):
-        raise DataError(f"{where}: is_causal is true; dflash's drafter attends bidirectionally "
-                        "within a block (the DFlash design), so it cannot load a causal-block "
-                        "drafter faithfully")
     dc = cfg.get("dflash_config", {})
     taps, n = dc.get("target_layer_ids"), cfg.get("num_target_layers")
     if taps is not None and n is not None and int(n) - 1 in [int(i) for i in taps]:
@@ -113,10 +129,10 @@ def _check_unsupported(cfg: dict, where: str) -> None:
 
 
 def spec_from_config(cfg: dict, where: str) -> DrafterSpec:
-    _check_full_attention(cfg, where)
     _check_unsupported(cfg, where)
     try:
         dc = cfg.get("dflash_config", {})
+        layout = _layout(cfg, where)
         return DrafterSpec(
             hidden_size=cfg["hidden_size"], num_layers=cfg["num_hidden_layers"],
             num_heads=cfg["num_attention_heads"], num_kv_heads=cfg["num_key_value_heads"],
@@ -128,7 +144,7 @@ def spec_from_config(cfg: dict, where: str) -> DrafterSpec:
             mask_token_id=int(dc["mask_token_id"]), rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=_rope_theta(cfg, where),
             max_position_embeddings=cfg.get("max_position_embeddings", 40960),
-            attention_bias=bool(cfg.get("attention_bias", False)))
+            attention_bias=bool(cfg.get("attention_bias", False)), **layout)
     except KeyError as exc:
         raise DataError(f"{where}: missing key {exc} for a DFlash drafter") from exc
 
@@ -145,7 +161,10 @@ MUST_MATCH = {"hidden_size": "the target's hidden size",
               "num_heads": "the target's attention heads",
               "num_kv_heads": "the target's KV heads",
               "head_dim": "the target's head_dim",
-              "intermediate_size": "the target's intermediate size"}
+              "intermediate_size": "the target's intermediate size",
+              "layer_types": "model.drafter.layer_types",
+              "sliding_window": "model.drafter.sliding_window",
+              "causal": "model.drafter.causal"}
 
 
 def check_compatible(loaded: DrafterSpec, want: DrafterSpec, where: str) -> None:

@@ -38,6 +38,24 @@ class DrafterSpec:
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 40960
     attention_bias: bool = False  # bias on q/k/v/o projections (Qwen3 attention_bias)
+    # per layer full_attention | sliding_attention ([]: all full); a sliding layer's query
+    # at position q sees context q - (W - 1) .. q (the public configs' unit); causal:
+    # block offset k sees k' <= k only, in every layer (the public `is_causal` flag)
+    layer_types: list = field(default_factory=list)
+    sliding_window: int | None = None
+    causal: bool = False
+
+    def __post_init__(self):
+        check_layout(self.num_layers, self.layer_types, self.sliding_window)
+        # one spelling per layout: [] for all full, a window only where one is used
+        if SLIDING not in (self.layer_types or []):
+            self.layer_types, self.sliding_window = [], None
+        self.layer_types = list(self.layer_types)
+
+    def windows(self) -> list:
+        """Each layer's window (None: full attention)."""
+        kinds = self.layer_types or [FULL] * self.num_layers
+        return [self.sliding_window if k == SLIDING else None for k in kinds]
 
     @classmethod
     def from_target(cls, target, cfg, default_mask: int | None = None) -> "DrafterSpec":
@@ -52,7 +70,31 @@ class DrafterSpec:
                    mask_token_id=int(mask), rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
                    rope_theta=float(getattr(tc, "rope_theta", None)
                                     or (getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 1e6)),
-                   max_position_embeddings=getattr(tc, "max_position_embeddings", 40960))
+                   max_position_embeddings=getattr(tc, "max_position_embeddings", 40960),
+                   layer_types=list(cfg.get("layer_types") or []),
+                   sliding_window=cfg.get("sliding_window"), causal=bool(cfg.get("causal", False)))
+
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+LAYER_TYPES = (FULL, SLIDING)
+
+
+def check_layout(num_layers: int, layer_types, window, prefix: str = "model.drafter.") -> None:
+    """One line naming the key for a layout the drafter cannot run."""
+    kinds = list(layer_types or [])
+    if kinds and len(kinds) != num_layers:
+        raise ConfigError(f"{prefix}layer_types has {len(kinds)} entries for {num_layers} "
+                          f"layers ({prefix}num_layers): give one per layer")
+    bad = [k for k in kinds if k not in LAYER_TYPES]
+    if bad:
+        raise ConfigError(f"{prefix}layer_types: unknown layer type {bad[0]!r} (one of "
+                          f"{', '.join(LAYER_TYPES)})")
+    if window is not None and int(window) <= 0:
+        raise ConfigError(f"{prefix}sliding_window={window}: a window must be a positive "
+                          "number of positions")
+    if SLIDING in kinds and window is None:
+        raise ConfigError(f"{prefix}layer_types has sliding_attention layers but "
+                          f"{prefix}sliding_window is not set")
 
 
 def mask_token_id(cfg, vocab_size: int, default: int | None = None) -> int:
@@ -236,7 +278,9 @@ class DFlashDrafter(nn.Module):
         # where the anchor's document starts (documents are contiguous in a row)
         ctx_lo = None if position_ids is None else anchors - anchor_pos
         make = MASKS[self.backend(anchors.device)]
-        mask = make(anchors, anchor_valid, ctx_valid, bs, ctx_lo)
-        for layer in self.layers:
-            h = layer(h, ctx, q_pos, kv_pos, mask)
+        windows = self.spec.windows()  # one mask per distinct layer kind
+        masks = {w: make(anchors, anchor_valid, ctx_valid, bs, ctx_lo, w, self.spec.causal)
+                 for w in dict.fromkeys(windows)}
+        for layer, w in zip(self.layers, windows):
+            h = layer(h, ctx, q_pos, kv_pos, masks[w])
         return self.norm(h).view(b, a, bs, -1)

@@ -34,3 +34,33 @@ def test_speculative_decoding_is_lossless(target):
             assert all(1 <= n <= 16 for n in res.accept_lengths)
     trained_len = speculative_generate(target, trained, prompts[0], 30).acceptance_length
     assert trained_len > speculative_generate(target, untrained, prompts[0], 30).acceptance_length
+
+
+def test_a_sliding_causal_drafter_decodes_losslessly_in_batches(target):
+    """The layouts the public drafters use ([sliding, full], causal blocks) through the
+    batched decoder eval and regenerate run: the target's greedy tokens, and the
+    trained layout accepts more than an untrained one."""
+    from dflash.config import DrafterConfig
+    from dflash.eval.decode import evaluate
+    from dflash.model.drafter import DFlashDrafter, DrafterSpec
+    from tests.helpers.quick_train import greedy_continuations, train_drafter
+    cfg = OmegaConf.structured(DrafterConfig(num_layers=2, layer_types=[
+        "sliding_attention", "full_attention"], sliding_window=12, causal=True))
+    torch.manual_seed(1)
+    drafter = DFlashDrafter(DrafterSpec.from_target(target, cfg))
+    assert drafter.spec.windows() == [12, None] and drafter.spec.causal
+    prompts = torch.randint(3, 500, (24, 8), generator=torch.Generator().manual_seed(3))
+    seqs = greedy_continuations(target, prompts, 40)
+    mask = torch.zeros_like(seqs, dtype=torch.bool)
+    mask[:, 8:] = True
+    before = evaluate(target, drafter.eval(), list(prompts[:4]), 30, batch_size=4)
+    train_drafter(drafter, target, seqs, mask, steps=60, batch=8, lr=5e-3)
+    after = evaluate(target, drafter.eval(), list(prompts[:4]), 30, batch_size=4)
+    for i, p in enumerate(prompts[:4]):
+        assert after.tokens[i] == before.tokens[i] == target_greedy(target, p, 30)
+    assert np_mean(after.accept_lengths) > np_mean(before.accept_lengths)
+
+
+def np_mean(rows):
+    flat = [n for r in rows for n in r]
+    return sum(flat) / len(flat)

@@ -72,10 +72,14 @@ def test_rope_parameters_alone_set_theta(tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda c: c.update(layer_types=["full_attention", "sliding_attention"], sliding_window=64),
-     r"layers \[1\] are \['sliding_attention'\]"),
-    (lambda c: (c.pop("layer_types"), c.update(use_sliding_window=True, sliding_window=64)),
-     r"use_sliding_window is true \(window 64\)"),
+    (lambda c: (c.update(layer_types=["sliding_attention", "full_attention"], sliding_window=64),
+                c.pop("is_causal"), c["dflash_config"].pop("causal")),
+     r"is_causal is not set and the layers mix sliding"),
+    (lambda c: c.update(layer_types=["full_attention", "local"], sliding_window=64),
+     r"layer_types: unknown layer type 'local'"),
+    (lambda c: c.update(layer_types=["full_attention"]), r"layer_types has 1 entries for 2 layers"),
+    (lambda c: c.update(layer_types=["sliding_attention"] * 2, sliding_window=0),
+     r"sliding_window=0: a window must be a positive"),
     (lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}),
      r"rope_type 'yarn' is not supported"),
 ])
@@ -111,10 +115,18 @@ def test_a_checkpoint_tapping_the_last_layer_is_refused(tmp_path):
         load_drafter(path)
 
 
-def test_a_causal_checkpoint_is_refused_naming_the_key(tmp_path):
-    _, path = _saved(tmp_path, edit=lambda c: c.update(is_causal=True))
-    with pytest.raises(DataError, match=r"is_causal"):
-        load_drafter(path)
+@pytest.mark.parametrize("edit, layout", [
+    (lambda c: (c.update(is_causal=True), c["dflash_config"].pop("causal")),
+     ([], None, True)),
+    (lambda c: c.update(is_causal=True), ([], None, False)),  # dflash_config first
+    (lambda c: (c.pop("layer_types"), c.pop("is_causal"), c["dflash_config"].pop("causal"),
+                c.update(use_sliding_window=True, sliding_window=64, max_window_layers=0)),
+     (["sliding_attention"] * 2, 64, True)),  # the reference reader's default: causal
+])
+def test_causality_and_layout_are_read_as_the_reference_reader_reads_them(tmp_path, edit, layout):
+    _, path = _saved(tmp_path, edit=edit)
+    s = load_drafter(path).spec
+    assert (s.layer_types, s.sliding_window, s.causal) == layout
 
 
 def test_bf16_export_is_half_the_size_says_so_and_loads(tmp_path):
@@ -143,6 +155,7 @@ def test_an_incompatible_warm_start_names_the_field():
     from dflash.model.checkpoint import check_compatible
     check_compatible(SPEC, dataclasses.replace(SPEC), "init")
     for field, value in [("block_size", 16), ("target_layer_ids", [1, 2, 5]),
-                         ("mask_token_id", 299), ("vocab_size", 400), ("num_layers", 3)]:
+                         ("mask_token_id", 299), ("vocab_size", 400), ("num_layers", 3),
+                         ("causal", True)]:
         with pytest.raises(DataError, match=rf"init: {field} is .* in this run"):
             check_compatible(SPEC, dataclasses.replace(SPEC, **{field: value}), "init")

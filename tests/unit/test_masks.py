@@ -133,3 +133,68 @@ def test_chunked_is_the_cpu_default_and_agrees_in_the_drafter():
     torch.testing.assert_close(outs["chunked"], outs["sdpa"], rtol=1e-5, atol=1e-5)
     for got, want in zip(grads["chunked"], grads["sdpa"]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+LAYOUTS = [(None, True), (40, False), (40, True), (8, True), (5, False)]  # (window, causal)
+
+
+@pytest.mark.parametrize("window,causal", LAYOUTS)
+def test_sliding_and_causal_masks_follow_the_public_formula(window, causal):
+    """Query (block j, offset k) sees context ctx_lo <= p < a_j with
+    p >= a_j + k - (W - 1), and its own block's k' with k' <= k (causal); inside the
+    block |k - k'| < W (k - k' < W when causal), as the reference drafter's mask."""
+    anchors, ok, valid, ctx_lo = _case(11, 2, 90, 7, True)
+    dense = block_mask(anchors, ok, valid, 16, ctx_lo, window, causal)
+    want = torch.zeros_like(dense)
+    for bi in range(2):
+        for j in range(7):
+            for k in range(16):
+                row = j * 16 + k
+                for p in range(90):
+                    want[bi, row, p] = bool(ok[bi, j] and valid[bi, p] and ctx_lo[bi, j] <= p
+                                            < anchors[bi, j] and (window is None or
+                                                                  p >= anchors[bi, j] + k - window + 1))
+                for k2 in range(16):
+                    d = k - k2
+                    want[bi, row, 90 + j * 16 + k2] = ((not causal or d >= 0) and (
+                        window is None or (d < window and (causal or -d < window))))
+    assert torch.equal(dense, want)
+
+
+@pytest.mark.parametrize("window,causal", LAYOUTS)
+def test_flex_and_chunked_masks_equal_the_dense_one_under_windows_and_causality(window, causal):
+    b, s, a = 2, 300, 20
+    anchors, ok, valid, ctx_lo = _case(7, b, s, a, True)
+    dense = block_mask(anchors, ok, valid, 16, ctx_lo, window, causal)
+    bm = flex_block_mask(anchors, ok, valid, 16, ctx_lo, window, causal)
+    q_len, kv = dense.shape[1:]
+    t = 128  # tile lists exact: full where all visible, listed where some
+    nq, nk = -(-q_len // t), -(-kv // t)
+    padded = torch.zeros(b, nq * t, nk * t, dtype=torch.bool)
+    padded[:, :q_len, :kv] = dense
+    tiles = padded.view(b, nq, t, nk, t)
+    for bi in range(b):
+        for qi in range(nq):
+            n, m = int(bm.kv_num_blocks[bi, 0, qi]), int(bm.full_kv_num_blocks[bi, 0, qi])
+            full = set(bm.full_kv_indices[bi, 0, qi, :m].tolist())
+            listed = set(bm.kv_indices[bi, 0, qi, :n].tolist())
+            assert full <= set(torch.nonzero(tiles[bi, qi].all((0, 2))).flatten().tolist())
+            assert full | listed >= set(torch.nonzero(tiles[bi, qi].any((0, 2))).flatten().tolist())
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(b, 4, q_len, 8, generator=g, requires_grad=True)
+    k = torch.randn(b, 2, kv, 8, generator=g, requires_grad=True)
+    v = torch.randn(b, 2, kv, 8, generator=g, requires_grad=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=dense[:, None])
+    flex = flex_attention(q.detach(), k.detach(), v.detach(), block_mask=bm, enable_gqa=True)
+    torch.testing.assert_close(flex, ref.detach(), rtol=1e-4, atol=1e-5)  # (no CPU backward)
+    chunked = chunked_block_mask(anchors, ok, valid, 16, ctx_lo, window, causal, blocks_per_chunk=6)
+    out = chunked_attention(q, k, v, chunked)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    w = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad((out * w).sum(), (q, k, v)),
+                         torch.autograd.grad((ref * w).sum(), (q, k, v))):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    if window is not None:  # a window narrows what a chunk reads
+        wide = chunked_block_mask(anchors, ok, valid, 16, ctx_lo, blocks_per_chunk=6)
+        assert sum(c.keys.shape[1] for c in chunked.chunks) <= sum(c.keys.shape[1] for c in wide.chunks)

@@ -210,8 +210,8 @@ def test_default_taps_never_name_the_last_layer(n):
 
 @pytest.mark.parametrize("family", ["qwen3", "llama-tied"])
 def test_a_fresh_drafter_starts_at_the_uniform_loss_and_learns(tmp_path, family):
-    """model.drafter.norm_init=0 (default): every first logit is 0, the first loss is
-    ln(vocab); at 1 a tied LM head scores the block's own input embedding (the anchor
+    """model.drafter.norm_init=0: every first logit is 0, the first loss is ln(vocab);
+    at 1 (the default) a tied LM head scores the block's own input embedding (the mask
     token) far above the truth. One AdamW step later the loss falls."""
     import math
     from types import SimpleNamespace
@@ -249,7 +249,7 @@ def test_a_fresh_drafter_starts_at_the_uniform_loss_and_learns(tmp_path, family)
             opt.step()
         return losses
 
-    zero, one = first_loss(), first_loss("model.drafter.norm_init=1.0")
+    zero, one = first_loss("model.drafter.norm_init=0"), first_loss()
     assert zero[0] == pytest.approx(math.log(512), abs=1e-4)
     assert zero[2] < zero[0]  # the layers learn from the second step
     if family == "llama-tied":
