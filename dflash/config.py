@@ -22,7 +22,7 @@ from dflash.kernels.lm_head_loss import LOSS_IMPLS
 from dflash.model.drafter import ATTENTION_BACKENDS
 from dflash.generation.requests import TURNS
 from dflash.model.checkpoint import EXPORT_DTYPES
-from dflash.model.loss import LOSS_NORMS
+from dflash.model.loss import LOSS_KINDS, LOSS_NORMS
 from dflash.step import AUTOCAST, NONFINITE
 from dflash.topology import DEVICES
 from dflash.warmup.monitor import ON_COMPILE
@@ -46,6 +46,7 @@ Device = options("Device", DEVICES)
 LoggerMode = options("LoggerMode", ("online", "offline", "disabled"))
 Autocast = options("Autocast", AUTOCAST)
 LossNorm = options("LossNorm", LOSS_NORMS)
+LossKind = options("LossKind", LOSS_KINDS)
 ExportDtype = options("ExportDtype", EXPORT_DTYPES)
 RegenBackend = options("RegenBackend", ("local", "openai"))
 RegenTurns = options("RegenTurns", TURNS)
@@ -99,7 +100,6 @@ class DrafterConfig:
     num_layers: int = 1
     block_size: int = 16
     num_anchors: int = 512
-    gamma: float = 7.0
     # the block's mask input; None: the last embedding row. A drafter must be served
     # with the id it was trained with (model=qwen3_8b sets the public drafters' 151669);
     # a data set holding this id is refused, naming the sample
@@ -262,11 +262,23 @@ class OptimConfig:
     # sync; names the step and samples) or skip the update (one host check per step)
     nonfinite: NonFinite = NonFinite.stop
     max_skips: int = 10  # skip: stop once more steps than this were skipped
+
+
+@dataclass
+class LossConfig:
+    """The drafter's objective (`loss=ce|dpace`): a sweep over objectives is one override."""
+    name: str = "ce"
+    # ce: block position k weighs exp(-(k-1)/gamma); dpace: D-PACE's weights
+    # w_j = sum_{m>=j} prod_{i<=m} ((1-a) q_i + a), q_i = exp(-CE_i) detached
+    kind: LossKind = LossKind.ce
+    gamma: float = 7.0
+    dpace_alpha: float = 0.5
     # plan: every supervised (block position, token) counts the same whatever batch or
-    # rank it lands in (weighted sum / the plan's mean weight per batch, known before
-    # step 1); batch: the weighted mean of each batch (a block weighs 1 / its batch's
-    # weight, so each strategy re-weights the data its own way). See README.
-    loss_norm: LossNorm = LossNorm.plan
+    # rank it lands in (ce: weighted sum / the plan's mean weight per batch, known before
+    # step 1; dpace: / the D-PACE weight of the whole step over every rank); batch: the
+    # weighted mean of each batch (a block weighs 1 / its batch's weight, so each
+    # strategy re-weights the data its own way). See README.
+    norm: LossNorm = LossNorm.plan
 
 
 @dataclass
@@ -319,6 +331,7 @@ class TrainConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
@@ -460,6 +473,7 @@ _GROUPS = {
     "warmup": WarmupConfig,
     "topology": TopologyConfig,
     "logger": LoggerConfig,
+    "loss": LossConfig,
 }
 
 

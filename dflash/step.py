@@ -61,6 +61,13 @@ class StepPolicy:
             raise ValueError(f"optim.nonfinite must be 'stop' or 'skip', got {self.nonfinite!r}")
 
 
+def ranks_sum(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x summed over the data-parallel ranks (no host sync), and the rank count."""
+    x = x.detach().clone()
+    torch.distributed.all_reduce(x)
+    return x, torch.distributed.get_world_size()
+
+
 class TrainStep:
     def __init__(self, target, drafter, optimizer, scheduler, objective: Objective,
                  policy: StepPolicy = StepPolicy(), generator: torch.Generator | None = None,
@@ -78,6 +85,9 @@ class TrainStep:
         self.generator = generator or torch.Generator(device=self.device).manual_seed(0)
         # the warm run draws its anchors from its own stream: training's stays untouched
         self.warm_generator = torch.Generator(device=self.device).manual_seed(1)
+        dist = torch.distributed
+        self.reduce_sum = (ranks_sum if dist.is_available() and dist.is_initialized()
+                           and dist.get_world_size() > 1 else None)
 
     # ---- target stage --------------------------------------------------------------
     def context(self, b: DeviceBatch) -> torch.Tensor:
@@ -92,12 +102,13 @@ class TrainStep:
         return self.target.context(b.ids, attn)
 
     # ---- drafter stage -------------------------------------------------------------
-    def _loss(self, module, b: DeviceBatch, ctx: torch.Tensor, generator):
+    def _loss(self, module, b: DeviceBatch, ctx: torch.Tensor, generator, reduce_sum=None):
         module.train()
         with autocast_for(self.device, self.policy.autocast):
             return drafter_loss(module, ctx, self.target.embed_tokens,
                                 self.target.lm_head_weight, b.ids, b.loss_mask, b.valid,
-                                self.objective, generator, position_ids=b.position_ids)
+                                self.objective, generator, position_ids=b.position_ids,
+                                reduce_sum=reduce_sum)
 
     def warm_step(self, b: DeviceBatch, ctx: torch.Tensor) -> None:
         """Forward and backward of the real step without the update (the bare drafter:
@@ -107,7 +118,8 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
 
     def drafter_step(self, b: DeviceBatch, ctx: torch.Tensor) -> dict:
-        out = self._loss(self.module, b, ctx, self.generator)
+        # (warm_step never reduces: rank 0 warms while the others wait)
+        out = self._loss(self.module, b, ctx, self.generator, self.reduce_sum)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         pol = self.policy

@@ -146,12 +146,13 @@ class Trainer:
         return epoch
 
     def objective(self) -> Objective:
-        m = self.cfg.model
-        ob = Objective(num_anchors=self.num_anchors, gamma=float(m.drafter.gamma),
+        m, loss = self.cfg.model, self.cfg.loss
+        ob = Objective(num_anchors=self.num_anchors, gamma=float(loss.gamma),
                        anchors_per_document=int(m.drafter.num_anchors),
                        chunk=int(m.loss_chunk), chunk_mb=float(m.loss_chunk_mb),
-                       impl=choice(m.loss_impl))
-        if choice(self.cfg.optim.loss_norm) != "plan":
+                       impl=choice(m.loss_impl), kind=choice(loss.kind),
+                       dpace_alpha=float(loss.dpace_alpha))
+        if choice(loss.norm) != "plan":
             return ob
         # the constant every batch's weighted sum is divided by: the same on every rank
         weight = ob.expected_batch_weight(self.dataset.anchor_candidates(),

@@ -2,7 +2,8 @@
 
 Rows are processed in chunks: logits_chunk = h_chunk @ W^T (a plain matmul, so it runs
 on tensor cores), then a per-row kernel turns the chunk into loss, argmax and, in place,
-d(loss)/d(logits), and dh_chunk = dlogits @ W. The gradient is computed during the
+d(CE_i)/d(logits), and dh_chunk = dlogits @ W (scaled by each row's weight in the
+backward, so weights may depend on the CE itself). The gradient is computed during the
 forward and kept ([tokens x hidden], small), so peak memory is O(chunk x vocab).
 
     loss = sum_i w_i * CE(h_i W^T, y_i) / sum_i w_i
@@ -46,12 +47,16 @@ def resolve_impl(impl: str, device: torch.device) -> str:
 
 
 class _FusedLMHeadCE(torch.autograd.Function):
+    """Per-row CE as a differentiable output. Each row's gradient dCE_i/dh_i is computed
+    in the forward, unscaled (it does not depend on the row's loss weight), and scaled
+    by d(loss)/d(CE_i) in the backward: so a weight may be computed from the CE itself
+    (D-PACE) without a second pass over the vocabulary."""
+
     @staticmethod
-    def forward(ctx, hidden, weight, target, weights, chunk, impl):
+    def forward(ctx, hidden, weight, target, chunk, impl):
         n = hidden.shape[0]
-        total = weights.float().sum().clamp_min(1e-12)
-        scale = weights.float() / total
         fn = _chunk_fn(impl)
+        ones = torch.ones(n, dtype=torch.float32, device=hidden.device)
         losses = torch.empty(n, dtype=torch.float32, device=hidden.device)
         argmax = torch.empty(n, dtype=torch.int64, device=hidden.device)
         grad_h = torch.empty_like(hidden) if hidden.requires_grad else None
@@ -59,36 +64,46 @@ class _FusedLMHeadCE(torch.autograd.Function):
             e = min(n, s + chunk)
             # the LM head's dtype decides the matmul (bf16 target, fp32 drafter: bf16)
             logits = (hidden[s:e].to(weight.dtype) @ weight.t()).contiguous()
-            losses[s:e], argmax[s:e] = fn(logits, target[s:e], scale[s:e])
+            losses[s:e], argmax[s:e] = fn(logits, target[s:e], ones[s:e])
             if grad_h is not None:
                 grad_h[s:e] = (logits.to(weight.dtype) @ weight).to(hidden.dtype)
         ctx.save_for_backward(grad_h if grad_h is not None else hidden.new_empty(0))
-        ctx.mark_non_differentiable(losses, argmax)
-        loss = (losses * scale).sum()
-        return loss, losses, argmax
+        ctx.mark_non_differentiable(argmax)
+        return losses, argmax
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_losses, _grad_argmax):
+    def backward(ctx, grad_losses, _grad_argmax):
         (grad_h,) = ctx.saved_tensors
-        return grad_h * grad_loss.to(grad_h.dtype), None, None, None, None, None
+        return grad_h * grad_losses[:, None].to(grad_h.dtype), None, None, None, None
+
+
+def fused_lm_head_ce_rows(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                          chunk: int = 0, impl: str = "auto", chunk_mb: float = 256):
+    """(per-row CE [n], differentiable; per-row argmax [n]) without the [n x V] logits.
+
+    hidden [n, H], weight [V, H] (frozen), target [n] int64. `chunk` rows per chunk; 0
+    (default): from the vocabulary and `chunk_mb` (auto_chunk).
+    """
+    if hidden.shape[0] != target.shape[0]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and target {tuple(target.shape)} "
+                         "must agree on the row count")
+    impl = resolve_impl(impl, hidden.device)
+    if int(chunk) <= 0:
+        chunk = auto_chunk(weight.shape[0], weight.dtype, impl, chunk_mb)
+    return _FusedLMHeadCE.apply(hidden, weight.detach(), target, int(chunk), impl)
 
 
 def fused_lm_head_ce(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                      weights: torch.Tensor, chunk: int = 0, impl: str = "auto",
                      chunk_mb: float = 256):
-    """(weighted mean loss, per-row CE [n], per-row argmax [n]).
-
-    hidden [n, H], weight [V, H] (frozen), target [n] int64 (any valid id where the
-    weight is 0), weights [n] >= 0. `chunk` rows per chunk; 0 (default): from the
-    vocabulary and `chunk_mb` (auto_chunk).
-    """
-    if hidden.shape[0] != target.shape[0] or target.shape != weights.shape:
-        raise ValueError(f"hidden {tuple(hidden.shape)}, target {tuple(target.shape)} and "
-                         f"weights {tuple(weights.shape)} must agree on the row count")
-    impl = resolve_impl(impl, hidden.device)
-    if int(chunk) <= 0:
-        chunk = auto_chunk(weight.shape[0], weight.dtype, impl, chunk_mb)
-    return _FusedLMHeadCE.apply(hidden, weight.detach(), target, weights, int(chunk), impl)
+    """(weighted mean loss, per-row CE [n], per-row argmax [n]); weights [n] >= 0 (a
+    row of weight 0 may hold any valid target id)."""
+    if target.shape != weights.shape:
+        raise ValueError(f"target {tuple(target.shape)} and weights {tuple(weights.shape)} "
+                         "must agree on the row count")
+    losses, argmax = fused_lm_head_ce_rows(hidden, weight, target, chunk, impl, chunk_mb)
+    scale = weights.float() / weights.float().sum().clamp_min(1e-12)
+    return (losses * scale).sum(), losses.detach(), argmax
 
 
 def naive_lm_head_ce(hidden, weight, target, weights):

@@ -7,7 +7,7 @@ token a+k with weight exp(-(k-1)/gamma) (a draft is accepted up to its first mis
 early positions matter most); the loss is the weighted mean cross-entropy through the
 fused LM-head kernel.
 
-Normalisation (`optim.loss_norm`). `batch`: the weighted mean over the batch, so a
+Normalisation (`loss.norm`). `batch`: the weighted mean over the batch, so a
 block's weight is 1 / (the weight of its batch) and depends on which samples a batching
 strategy put together (and, under DDP, on what the other ranks drew). `plan`: the
 weighted sum divided by a constant known before step 1 (the plan's mean supervised
@@ -21,11 +21,12 @@ the device until the trainer gathers them every `logger.log_every` steps.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from dflash.kernels import fused_lm_head_ce
+from dflash.kernels import fused_lm_head_ce, fused_lm_head_ce_rows
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,14 @@ class Objective:
     impl: str = "auto"  # fused CE kernel: auto | torch | triton
     norm: str = "batch"  # batch: weighted mean of the batch | plan: sum / batch_weight
     batch_weight: float = 1.0  # plan: the plan's mean supervised weight per batch
+    kind: str = "ce"  # ce: fixed decay exp(-(k-1)/gamma) | dpace: D-PACE weights
+    dpace_alpha: float = 0.5  # D-PACE's a in (1 - a) q_i + a
 
     def __post_init__(self):
         if self.norm not in LOSS_NORMS:
-            raise ValueError(f"optim.loss_norm must be one of {LOSS_NORMS}, got {self.norm!r}")
+            raise ValueError(f"loss.norm must be one of {LOSS_NORMS}, got {self.norm!r}")
+        if self.kind not in LOSS_KINDS:
+            raise ValueError(f"loss.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
         if self.norm == "plan" and not self.batch_weight > 0:
             raise ValueError(f"loss_norm=plan needs a positive batch_weight, got {self.batch_weight}")
 
@@ -63,6 +68,7 @@ class Objective:
 
 
 LOSS_NORMS = ("batch", "plan")
+LOSS_KINDS = ("ce", "dpace")
 
 
 @dataclass
@@ -73,6 +79,16 @@ class LossOutput:
     rows: torch.Tensor  # scalar int64: supervised (block position, target) pairs
     blocks: torch.Tensor  # scalar int64: valid anchors
     ce: torch.Tensor | None = None  # scalar: weighted mean CE of the batch (what is logged)
+
+
+def dpace_weights(ce: torch.Tensor, sup: torch.Tensor, alpha: float) -> torch.Tensor:
+    """D-PACE (arXiv 2605.18810): w_j = sum_{m >= j} prod_{i <= m} ((1 - a) q_i + a) with
+    q_i = exp(-CE_i), over a block's positions [..., bs-1], detached. A draft is accepted
+    up to its first miss, so the chain ends at the block's first unsupervised position."""
+    live = torch.cumprod(sup.to(torch.int64), dim=-1).bool()
+    r = ((1.0 - alpha) * torch.exp(-ce.detach().float()) + alpha) * live
+    reach = torch.cumprod(r, dim=-1)  # prod_{i <= m}: 0 past the chain's end
+    return reach.flip(-1).cumsum(-1).flip(-1) * live
 
 
 def position_weights(block_size: int, gamma: float) -> torch.Tensor:
@@ -163,8 +179,10 @@ def block_embeddings(embed, ids, anchors, block_size, mask_token_id):
 
 def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, valid,
                  objective: Objective, generator=None, anchors=None,
-                 position_ids=None) -> LossOutput:
-    """`anchors` (a pair from `sample_anchors`) may be given to reuse a draw."""
+                 position_ids=None, reduce_sum=None) -> LossOutput:
+    """`anchors` (a pair from `sample_anchors`) may be given to reuse a draw.
+    `reduce_sum(x)` -> (x summed over data-parallel ranks, rank count): D-PACE under
+    norm=plan divides by the weight of the whole step, not of this rank's batch."""
     spec = getattr(drafter, "module", drafter).spec  # through a DDP wrapper too
     bs, ob = spec.block_size, objective
     if anchors is None:
@@ -177,11 +195,17 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     targets, sup = block_targets(ids, loss_mask, valid, anchors, anchor_valid, bs, position_ids)
     # Unsupervised rows stay in with weight 0: a fixed row count, no boolean indexing
     # (which would read the count back to the host every step).
-    w = position_weights(bs, ob.gamma).to(hidden.device) * sup
     targets = torch.where(sup, targets, torch.zeros_like(targets))
+    if ob.kind == "dpace":
+        return _dpace_loss(ob, hidden, lm_head_weight, targets, sup, anchor_valid, reduce_sum)
+    w = position_weights(bs, ob.gamma).to(hidden.device) * sup
     loss, _, argmax = fused_lm_head_ce(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight,
                                        targets.flatten(), w.flatten(), chunk=ob.chunk, impl=ob.impl,
                                        chunk_mb=ob.chunk_mb)
+    return _output(ob, loss, w, argmax, targets, sup, anchor_valid, hidden)
+
+
+def _output(ob, loss, w, argmax, targets, sup, anchor_valid, hidden) -> LossOutput:
     correct = (argmax.view_as(sup) == targets) & sup
     acc = correct.sum((0, 1)) / sup.sum((0, 1)).clamp_min(1)
     streak = torch.cumprod(correct.long(), dim=2).sum(2)  # leading correct drafts per block
@@ -194,3 +218,24 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     else:
         loss = ce
     return LossOutput(loss, acc.detach(), accept.detach(), sup.sum(), blocks, ce.detach())
+
+
+def _dpace_loss(ob, hidden, lm_head_weight, targets, sup, anchor_valid, reduce_sum) -> LossOutput:
+    """The CE rows from the fused kernel (one pass over the vocabulary), weighted by
+    D-PACE weights computed from those same rows. norm=plan: divided by the D-PACE
+    weight of the whole step over every rank (so a rank split changes nothing);
+    norm=batch: by this batch's weight."""
+    rows, argmax = fused_lm_head_ce_rows(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight,
+                                         targets.flatten(), chunk=ob.chunk, impl=ob.impl,
+                                         chunk_mb=ob.chunk_mb)
+    rows = rows.view_as(sup)
+    w = dpace_weights(rows, sup, ob.dpace_alpha)
+    total = w.sum()
+    ranks = 1
+    if ob.norm == "plan" and reduce_sum is not None:
+        total, ranks = reduce_sum(total)  # DDP then averages: x ranks makes it the sum
+    mean = (rows * w).sum() * ranks / total.clamp_min(1e-12)
+    out = _output(dataclasses.replace(ob, norm="batch"), mean, w, argmax, targets, sup,
+                  anchor_valid, hidden)
+    out.ce = ((rows.detach() * w).sum() / w.sum().clamp_min(1e-12))
+    return out

@@ -1,5 +1,5 @@
 """Two gloo ranks training on batches A and B make the same update as one process on
-A and B together (same anchors) under optim.loss_norm=plan; the per-batch mean does not."""
+A and B together (same anchors) under loss.norm=plan; the per-batch mean does not."""
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -74,3 +74,41 @@ def test_two_ranks_on_a_and_b_equal_one_process_on_both(tmp_path, norm):
     # plan: every block counts the same on either side; batch: a short-row rank's blocks
     # weigh more than a long-row rank's, so the update is not the one of A + B
     assert close == (norm == "plan")
+
+
+def _dpace_rank(rank, world, store, result):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from dflash.step import ranks_sum
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    target, drafter, ids, mask, valid, anchors = _setup()
+    ddp = DDP(drafter)  # held: its reducer averages the gradients in backward
+    rows = slice(0, 4) if rank == 0 else slice(4, 8)
+    out = drafter_loss(ddp, target.context(ids[rows], valid[rows].long()),
+                       target.embed_tokens, target.lm_head_weight, ids[rows], mask[rows],
+                       valid[rows], Objective(8, norm="plan", kind="dpace"),
+                       anchors=(anchors[0][rows], anchors[1][rows]), reduce_sum=ranks_sum)
+    out.loss.backward()
+    if rank == 0:
+        torch.save({k: p.grad for k, p in drafter.named_parameters()}, result)
+    dist.barrier()
+    shutdown_process_group()
+
+
+def test_dpace_two_ranks_on_a_and_b_equal_one_process_on_both(tmp_path):
+    """D-PACE's denominator is the weight of the whole step over every rank (a
+    rank-local one would make the update depend on how the step is split)."""
+    result = tmp_path / "dpace.pt"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        mp.spawn(_dpace_rank, args=(2, str(tmp_path / "store-dpace"), str(result)), nprocs=2)
+        target, drafter, ids, mask, valid, anchors = _setup()
+        _grads(drafter, target, slice(0, 8), ids, mask, valid, anchors,
+               Objective(8, norm="plan", kind="dpace"))
+    finally:
+        torch.set_num_threads(threads)
+    ranks = torch.load(result)
+    for k, p in drafter.named_parameters():
+        torch.testing.assert_close(ranks[k], p.grad, rtol=1e-4, atol=1e-7)

@@ -8,7 +8,7 @@ from tests.helpers.paths import CONF, REPO
 from tests.helpers.run import run_module
 
 GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml"))
-          for g in ("data", "model", "batching", "buckets", "warmup", "topology", "logger")}
+          for g in ("data", "model", "batching", "buckets", "warmup", "topology", "logger", "loss")}
 
 
 _run = run_module
@@ -38,7 +38,8 @@ def test_defaults_and_experiment():
     ("buckets=seed7", "seed7"),
     ("batching.strategy=sortd", "expected one of \\[sorted, random, bucketed, megabatch, packed\\]"),
     ("data.overlong=cut", "data.overlong"),
-    ("optim.loss_norm=tokens", "optim.loss_norm"),
+    ("loss.norm=tokens", "loss.norm"),
+    ("loss.kind=kl", "loss.kind"),
 ])
 def test_bad_overrides_name_the_key(override, match):
     import re

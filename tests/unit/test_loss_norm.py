@@ -1,4 +1,4 @@
-"""optim.loss_norm: with `plan` a supervised block counts the same whatever batch it lands
+"""loss.norm: with `plan` a supervised block counts the same whatever batch it lands
 in; with `batch` (the old per-batch mean) its weight depends on its batch-mates."""
 import numpy as np
 import pytest
@@ -95,7 +95,7 @@ def test_plan_weight_is_the_mean_batch_weight_and_bad_settings_are_named():
     per_block = ob.block_weight(16)
     assert ob.expected_batch_weight(np.array([3, 100, 0, 5]), plan, 16) == pytest.approx(
         (3 + 8 + 0 + 5) * per_block / 2)
-    with pytest.raises(ValueError, match="optim.loss_norm"):
+    with pytest.raises(ValueError, match="loss.norm"):
         Objective(8, norm="tokens")
     with pytest.raises(ValueError, match="positive batch_weight"):
         Objective(8, norm="plan", batch_weight=0.0)

@@ -146,7 +146,8 @@ def test_checkpoint_round_trip(tmp_path, target):
     assert cfg["architectures"] == ["DFlashDraftModel"]
     assert cfg["block_size"] == 16 and cfg["num_target_layers"] == 6
     assert cfg["dflash_config"] == {"block_size": 16, "mask_token_id": 511,
-                                    "target_layer_ids": [1, 2, 3]}
+                                    "target_layer_ids": [1, 2, 3], "causal": False}
+    assert cfg["is_causal"] is False and cfg["layer_types"] == ["full_attention"] * 2
     names = set(load_file(str(tmp_path / "ckpt" / "model.safetensors")))
     want = {"fc.weight", "hidden_norm.weight", "norm.weight"}
     for i in range(2):
