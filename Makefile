@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-fast lint-imports plan bench gpu-check clean
+.PHONY: train test test-fast docs lint-imports bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,17 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest tests/unit -m "not slow" $(ARGS)
 
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+# the documentation site, strict (a broken link or a missing page fails); ARGS=serve: live
+docs: export NO_MKDOCS_2_WARNING=1
+docs: export DISABLE_MKDOCS_2_WARNING=true
+docs: $(DOCS_STAMP)
+	$(if $(filter serve,$(ARGS)),$(VENV)/bin/mkdocs serve,$(VENV)/bin/mkdocs build --strict)
+
 lint-imports: $(STAMP)
 	$(VENV)/bin/lint-imports
 
@@ -40,4 +51,4 @@ gpu-check: $(STAMP)
 	bash benchmarks/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) outputs
+	rm -rf $(VENV) outputs site

@@ -81,8 +81,9 @@ def main() -> None:
             d.norm.weight.copy_(torch.as_tensor(value, dtype=torch.float32).expand_as(d.norm.weight))
         out = drafter_loss(d, ctx, target.embed_tokens, head, ids, mask, valid, Objective(32),
                            torch.Generator().manual_seed(1))
-        rows.append({"norm_init": name, "first_loss": float(out.loss), "uniform": uniform})
-        print(f"{name:>22}  {float(out.loss):10.3f}   {float(out.loss) - uniform:+.3f}")
+        loss = float(out.loss.detach())
+        rows.append({"norm_init": name, "first_loss": loss, "uniform": uniform})
+        print(f"{name:>22}  {loss:10.3f}   {loss - uniform:+.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

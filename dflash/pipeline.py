@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dflash.step import DeviceBatch
+from dflash.errors import ConfigError
 
 _DONE = object()
 
@@ -100,7 +101,7 @@ class Pipeline:
                  depth: int | None = None, prefetch: int = 2):
         depth = default_depth(target_device, drafter_device) if depth is None else int(depth)
         if depth < 0 or prefetch < 0:
-            raise ValueError(f"pipeline.depth and pipeline.prefetch must be >= 0, got {depth}, {prefetch}")
+            raise ConfigError(f"pipeline.depth and pipeline.prefetch must be >= 0, got {depth}, {prefetch}")
         self.step, self.dataset, self.shapes = step, dataset, shapes
         self.target_device, self.drafter_device = target_device, drafter_device
         self.depth, self.prefetch = depth, int(prefetch)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from dflash.model.loss import Objective, drafter_loss
+from dflash.errors import ConfigError
 
 
 AUTOCAST = ("auto", "bf16", "off")
@@ -58,7 +59,7 @@ class StepPolicy:
 
     def __post_init__(self):
         if self.nonfinite not in NONFINITE:
-            raise ValueError(f"optim.nonfinite must be 'stop' or 'skip', got {self.nonfinite!r}")
+            raise ConfigError(f"optim.nonfinite must be 'stop' or 'skip', got {self.nonfinite!r}")
 
 
 def ranks_sum(x: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from dflash.batching.epoch_plan import EpochPlan
+from dflash.errors import ConfigError
 
 # Attention FLOPs per (token x context position) relative to the linear layers' FLOPs per
 # token: for an 8B Qwen3 about 4 * d_model * layers / (2 * params) ~ 1 / 27,000.
@@ -41,10 +42,10 @@ def _dealt(num_batches: int, world_size: int, remainder: str) -> np.ndarray:
     if remainder == "drop":
         usable = num_batches - num_batches % world_size
         if usable == 0:
-            raise ValueError(f"{num_batches} batches cannot give each of {world_size} "
-                             "ranks a batch with batching.remainder=drop")
+            raise ConfigError(f"{num_batches} batches cannot give each of {world_size} "
+                              "ranks a batch with batching.remainder=drop")
         return np.arange(usable)
-    raise ValueError(f"batching.remainder must be 'repeat' or 'drop', got {remainder!r}")
+    raise ConfigError(f"batching.remainder must be 'repeat' or 'drop', got {remainder!r}")
 
 
 def step_groups(plan: EpochPlan, world_size: int, remainder: str = "repeat",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from dflash.kernels.ce_torch import ce_chunk_torch
+from dflash.errors import ConfigError
 
 
 LOSS_IMPLS = ("auto", "torch", "triton")
@@ -26,7 +27,7 @@ def _chunk_fn(impl: str):
     if impl == "triton":
         from dflash.kernels.ce_triton import ce_chunk_triton
         return ce_chunk_triton
-    raise ValueError(f"model.loss_impl must be 'auto', 'torch' or 'triton', got {impl!r}")
+    raise ConfigError(f"model.loss_impl must be 'auto', 'torch' or 'triton', got {impl!r}")
 
 
 def auto_chunk(vocab: int, weight_dtype: torch.dtype, impl: str, memory_mb: float) -> int:

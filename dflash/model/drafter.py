@@ -234,7 +234,7 @@ class DFlashDrafter(nn.Module):
 
     def set_attention(self, backend: str) -> None:
         if backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"model.attention must be one of {ATTENTION_BACKENDS}, got {backend!r}")
+            raise ConfigError(f"model.attention must be one of {ATTENTION_BACKENDS}, got {backend!r}")
         self.attention = backend
 
     def backend(self, device: torch.device) -> str:

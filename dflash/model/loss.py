@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash.kernels import fused_lm_head_ce, fused_lm_head_ce_rows
+from dflash.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,9 @@ class Objective:
 
     def __post_init__(self):
         if self.norm not in LOSS_NORMS:
-            raise ValueError(f"loss.norm must be one of {LOSS_NORMS}, got {self.norm!r}")
+            raise ConfigError(f"loss.norm must be one of {LOSS_NORMS}, got {self.norm!r}")
         if self.kind not in LOSS_KINDS:
-            raise ValueError(f"loss.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
+            raise ConfigError(f"loss.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
         if self.norm == "plan" and not self.batch_weight > 0:
             raise ValueError(f"loss_norm=plan needs a positive batch_weight, got {self.batch_weight}")
 

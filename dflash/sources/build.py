@@ -7,6 +7,7 @@ first supervised one) training never sees.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from dflash.data.synthetic import synthetic_lengths
 from dflash.errors import ConfigError, DataError
 from dflash.model.drafter import mask_token_id
 from dflash.model.target import Target, target_vocab_size
+
+log = logging.getLogger("dflash.sources")
 
 
 @dataclass
@@ -97,6 +100,10 @@ def build_sources(cfg, progress: bool = True) -> Sources:
         raise ConfigError(f"eval.num_prompts={n_eval} leaves no training samples of "
                         f"{len(data.lengths)}")
     keep = len(data.lengths) - n_eval
+    if n_eval:
+        log.info("data: the last %d of %d samples are held out as eval prompts "
+                 "(eval.num_prompts; training never sees them): %d train", n_eval,
+                 len(data.lengths), keep)
     prompts = [prompt_of(*data.dataset.sample(i)) for i in range(keep, len(data.lengths))]
     data = Data(data.lengths[:keep], data.dataset, {**data.info, "held_out": n_eval})
     target = Target.from_config(cfg.model.target)

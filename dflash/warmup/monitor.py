@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from dflash.errors import DataError
+from dflash.errors import ConfigError, DataError
 
 log = logging.getLogger("dflash.compile")
 
@@ -38,7 +38,7 @@ class CompileMonitor:
         """`autotuners`: returns the autotuned kernels loaded so far (a kernel module may
         first load mid-training, and its first tuning must still be seen)."""
         if on_compile not in ON_COMPILE:
-            raise ValueError(f"warmup.on_compile must be 'warn' or 'stop', got {on_compile!r}")
+            raise ConfigError(f"warmup.on_compile must be 'warn' or 'stop', got {on_compile!r}")
         self.on_compile = on_compile
         self.autotuners = autotuners
         self.events: list[dict] = []

@@ -1,19 +1,14 @@
-"""batching=packed: the plan (every sample once, one shape, nearly full rows) and the
-leakage tests: no document in a packed row changes anything of another one, for the
-target context, the drafter's outputs, its loss and its gradients."""
+"""batching=packed, the leakage tests: no document in a packed row changes anything of
+another one, for the target context, the drafter's outputs, its loss and its gradients."""
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dflash.batching import PackingSpec
 from dflash.config import DrafterConfig, TargetConfig
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import block_embeddings, block_targets, sample_anchors
 from dflash.model.target import Target
 from tests.helpers.models import packed_row as _row
-
-SPEC = PackingSpec(token_budget=4096, max_batch_size=64, row_len=1024, pack_window=16)
-
 
 DOCS = [list(range(3, 40)), list(range(100, 121)), list(range(200, 250))]
 

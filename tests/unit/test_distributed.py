@@ -48,3 +48,16 @@ def test_balanced_steps_cut_straggler_time(full_lengths):
     from dflash.batching.distributed import batch_cost
     step_cost = batch_cost(plan)[balanced_groups].mean(axis=1)
     assert not (np.diff(step_cost) >= 0).all()
+
+
+def test_settings_that_cannot_work_are_config_errors_naming_the_key():
+    """An app prints a ConfigError as one line; a bare ValueError was a traceback."""
+    import torch
+    from dflash.errors import ConfigError
+    from dflash.pipeline import Pipeline
+    plan = Planner("sorted", np.array([10, 20, 30]), preset_boundaries("seed6"),
+                   PackingSpec(64, 2), seed=0).epoch(0)
+    with pytest.raises(ConfigError, match=r"ranks a batch with batching.remainder=drop"):
+        shard(plan, 0, len(plan) + 1, "drop")
+    with pytest.raises(ConfigError, match=r"pipeline.depth and pipeline.prefetch must be >= 0"):
+        Pipeline(None, None, None, torch.device("cpu"), torch.device("cpu"), depth=-1)
