@@ -80,7 +80,7 @@ class Trainer:
         # every epoch's whole plan (all ranks' batches): each rank warms the same shapes
         self.num_anchors = self.anchor_slots()
         self.shapes = build_shape_plan([self.planner.epoch(e) for e in range(self.num_epochs)],
-                                       cfg.warmup, self.num_anchors)
+                                       cfg.warmup, self.num_anchors, self.compiles())
         self.drafter = self.build_drafter()
         local = self.compiled(self.drafter)
         module = local
@@ -96,6 +96,13 @@ class Trainer:
             generator=seeded_generator(self.topo.drafter_device, int(cfg.seed), self.topo.rank),
             module=module, local=local)
         return self
+
+    def compiles(self) -> bool:
+        """Whether anything in this run compiles or autotunes per shape: model.compile,
+        or CUDA (flex attention is compiled there, the Triton CE autotunes)."""
+        cfg, topo = self.cfg, self.topo
+        return (choice(cfg.model.compile) != "off" or choice(cfg.model.loss_impl) == "triton"
+                or "cuda" in (topo.target_device.type, topo.drafter_device.type))
 
     def _build_sources(self):
         """Rank 0 builds (and caches) the data and fitted target first; the others then

@@ -90,3 +90,18 @@ def test_policies_on_a_real_plan(full_lengths):
         e["steps"] for e in rep["epochs"])
     with pytest.raises(ConfigError, match="warmup.policy must be one of"):
         select("observed", shapes)
+
+
+def test_auto_warms_every_shape_only_where_something_compiles():
+    from omegaconf import OmegaConf
+    from dflash.config import WarmupConfig
+    from dflash.warmup.shapes import build_shape_plan
+    plan, _ = _plan([[300, 290], [20, 30, 25, 17], [100, 120, 90]], [2, 0, 1])
+    cfg = OmegaConf.structured(WarmupConfig(policy="auto", pad_to_multiple=16))
+    warm = build_shape_plan([plan], cfg, 8, compiles=True)
+    cold = build_shape_plan([plan], cfg, 8, compiles=False)
+    every = build_shape_plan([plan], OmegaConf.merge(cfg, {"policy": "all"}), 8)
+    assert [w.as_list() for w in warm.warm] == [w.as_list() for w in every.warm] != []
+    assert warm.policy == "all" and cold.policy == "none" and cold.warm == []
+    # both run every batch at the same shape: warming changes when compiles happen, not what runs
+    assert [warm.for_batch(plan[i]) for i in range(3)] == [cold.for_batch(plan[i]) for i in range(3)]
