@@ -269,10 +269,14 @@ class LossConfig:
     """The drafter's objective (`loss=ce|dpace`): a sweep over objectives is one override."""
     name: str = "ce"
     # ce: block position k weighs exp(-(k-1)/gamma); dpace: D-PACE's weights
-    # w_j = sum_{m>=j} prod_{i<=m} ((1-a) q_i + a), q_i = exp(-CE_i) detached
+    # w_j = sum_{m>=j} prod_{i<=m} ((1-a) q_i + a), q_i = exp(-CE_i) detached; kl:
+    # distillation to the target's distribution
     kind: LossKind = LossKind.ce
     gamma: float = 7.0
     dpace_alpha: float = 0.5
+    # kl: KL(target || drafter) at every block position, both at this temperature (x T^2),
+    # weighted by the ce decay; the target then runs every layer (its final hidden state)
+    kl_temperature: float = 1.0
     # plan: every supervised (block position, token) counts the same whatever batch or
     # rank it lands in (ce: weighted sum / the plan's mean weight per batch, known before
     # step 1; dpace: / the D-PACE weight of the whole step over every rank); batch: the

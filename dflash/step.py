@@ -92,15 +92,18 @@ class TrainStep:
 
     # ---- target stage --------------------------------------------------------------
     def context(self, b: DeviceBatch) -> torch.Tensor:
+        # distillation reads the target's own distribution: its final hidden state rides
+        # along as the context's last H channels
+        final = self.objective.kind == "kl"
         if b.position_ids is not None:
             # packed: no 2-D mask, per-document positions; HF builds the document mask
             # from where the positions restart (sdpa, eager, flex and flash alike)
-            return self.target.context(b.ids, None, b.position_ids)
+            return self.target.context(b.ids, None, b.position_ids, final=final)
         attn = b.valid.long()
         # a padding row has no real token; letting it attend to its first position keeps
         # the target's softmax defined (its context is never read: nothing valid there)
         attn[:, 0] = 1
-        return self.target.context(b.ids, attn)
+        return self.target.context(b.ids, attn, final=final)
 
     # ---- drafter stage -------------------------------------------------------------
     def _loss(self, module, b: DeviceBatch, ctx: torch.Tensor, generator, reduce_sum=None):

@@ -158,7 +158,8 @@ class Trainer:
                        anchors_per_document=int(m.drafter.num_anchors),
                        chunk=int(m.loss_chunk), chunk_mb=float(m.loss_chunk_mb),
                        impl=choice(m.loss_impl), kind=choice(loss.kind),
-                       dpace_alpha=float(loss.dpace_alpha))
+                       dpace_alpha=float(loss.dpace_alpha),
+                       kl_temperature=float(loss.kl_temperature))
         if choice(loss.norm) != "plan":
             return ob
         # the constant every batch's weighted sum is divided by: the same on every rank

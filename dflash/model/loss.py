@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash.kernels import fused_lm_head_ce, fused_lm_head_ce_rows
+from dflash.kernels import fused_lm_head_ce, fused_lm_head_ce_rows, fused_lm_head_kl_rows
 from dflash.errors import ConfigError
 
 
@@ -41,8 +41,9 @@ class Objective:
     impl: str = "auto"  # fused CE kernel: auto | torch | triton
     norm: str = "batch"  # batch: weighted mean of the batch | plan: sum / batch_weight
     batch_weight: float = 1.0  # plan: the plan's mean supervised weight per batch
-    kind: str = "ce"  # ce: fixed decay exp(-(k-1)/gamma) | dpace: D-PACE weights
+    kind: str = "ce"  # ce: fixed decay exp(-(k-1)/gamma) | dpace: D-PACE weights | kl
     dpace_alpha: float = 0.5  # D-PACE's a in (1 - a) q_i + a
+    kl_temperature: float = 1.0  # kl: both distributions at this temperature (x T^2)
 
     def __post_init__(self):
         if self.norm not in LOSS_NORMS:
@@ -69,7 +70,7 @@ class Objective:
 
 
 LOSS_NORMS = ("batch", "plan")
-LOSS_KINDS = ("ce", "dpace")
+LOSS_KINDS = ("ce", "dpace", "kl")
 
 
 @dataclass
@@ -186,6 +187,9 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     norm=plan divides by the weight of the whole step, not of this rank's batch."""
     spec = getattr(drafter, "module", drafter).spec  # through a DDP wrapper too
     bs, ob = spec.block_size, objective
+    final = None
+    if ob.kind == "kl":  # the target's final hidden state rides as the last H channels
+        target_ctx, final = target_ctx[..., :-spec.hidden_size], target_ctx[..., -spec.hidden_size:]
     if anchors is None:
         anchors = sample_anchors(loss_mask, valid, ob.num_anchors, generator, position_ids,
                                  ob.anchors_per_document)
@@ -199,6 +203,8 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     targets = torch.where(sup, targets, torch.zeros_like(targets))
     if ob.kind == "dpace":
         return _dpace_loss(ob, hidden, lm_head_weight, targets, sup, anchor_valid, reduce_sum)
+    if ob.kind == "kl":
+        return _kl_loss(ob, hidden, final, lm_head_weight, anchors, targets, sup, anchor_valid)
     w = position_weights(bs, ob.gamma).to(hidden.device) * sup
     loss, _, argmax = fused_lm_head_ce(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight,
                                        targets.flatten(), w.flatten(), chunk=ob.chunk, impl=ob.impl,
@@ -240,3 +246,17 @@ def _dpace_loss(ob, hidden, lm_head_weight, targets, sup, anchor_valid, reduce_s
                   anchor_valid, hidden)
     out.ce = ((rows.detach() * w).sum() / w.sum().clamp_min(1e-12))
     return out
+
+
+def _kl_loss(ob, hidden, final, lm_head_weight, anchors, targets, sup, anchor_valid) -> LossOutput:
+    """KL(target || drafter) at every supervised block position, weighted and normalised
+    as the CE (position decay, `norm`). Block position k drafts token anchor+k, whose
+    distribution the target computed from its final hidden state at anchor+k-1."""
+    b, a, n, h = hidden.shape
+    pos = (anchors[:, :, None] + torch.arange(n, device=anchors.device)).clamp(max=final.shape[1] - 1)
+    t_hidden = torch.gather(final, 1, pos.reshape(b, a * n, 1).expand(b, a * n, h)).view(b, a, n, h)
+    rows, argmax = fused_lm_head_kl_rows(hidden.reshape(-1, h), t_hidden.reshape(-1, h),
+                                         lm_head_weight, ob.kl_temperature, ob.chunk, ob.chunk_mb)
+    w = position_weights(n + 1, ob.gamma).to(hidden.device) * sup
+    mean = (rows.view_as(sup) * w).sum() / w.sum().clamp_min(1e-12)
+    return _output(ob, mean, w, argmax, targets, sup, anchor_valid, hidden)

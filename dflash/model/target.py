@@ -185,14 +185,16 @@ class Target(nn.Module):
 
     @torch.no_grad()
     def context(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, final: bool = False) -> torch.Tensor:
         """[B, S, len(layer_ids) * H]: the outputs of the chosen layers, concatenated.
         `position_ids` restarting at 0 (without an attention mask) mark packed documents:
-        no token attends across a restart."""
-        _, ctx = self._run_capturing(
+        no token attends across a restart. `final`: run every layer and append the final
+        normed hidden state ([B, S, (len(layer_ids) + 1) * H]; what the LM head reads,
+        for distillation); otherwise the forward stops after the last chosen layer."""
+        out, ctx = self._run_capturing(
             lambda: self.base(input_ids=input_ids, attention_mask=attention_mask,
-                              position_ids=position_ids, use_cache=False), stop_early=True)
-        return ctx
+                              position_ids=position_ids, use_cache=False), stop_early=not final)
+        return torch.cat([ctx, out.last_hidden_state], dim=-1) if final else ctx
 
     @torch.no_grad()
     def logits_and_context(self, input_ids: torch.Tensor):

@@ -159,3 +159,18 @@ def test_runner_trains_packed_rows_in_one_shape(tmp_path, cache):
     assert summary["final_loss"] < summary["initial_loss"]
     first = r.shard(0)[0]
     assert first.row_of is not None and first.shape == (2, 1024)
+
+
+def test_distillation_trains_through_the_runner(tmp_path, cache):
+    """loss=kl through the real step (the target runs to its final norm, its final
+    hidden state riding along the context): the loss falls and the teacher-forced
+    acceptance rises. (loss=dpace shares the runner path of ce: tested at the loss,
+    and 2 gloo ranks == 1 process.)"""
+    r = _runner(cache, tmp_path, ["loss=kl", "epochs=1", "optim.max_steps=24",
+                                  "eval.enabled=false", "logger.log_every=8", "warmup=none"])
+    summary = r.run()
+    assert r.train_step.objective.kind == "kl" and summary["steps"] == 24
+    assert summary["final_loss"] < 0.8 * summary["initial_loss"], summary
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    accept = [x["accept_est"] for x in rows if "accept_est" in x]
+    assert accept and accept[-1] > accept[0], accept
