@@ -79,12 +79,14 @@ class DataConfig:
 @dataclass
 class TargetConfig:
     path: Optional[str] = None  # local HF model dir; None builds the tiny model below
-    hidden_size: int = 64
-    num_hidden_layers: int = 6
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    intermediate_size: int = 128
-    vocab_size: int = 512
+    # the tiny model's sizes (a local model's come from its config.json: model=hf nulls
+    # these, so the resolved config records no size that was not trained)
+    hidden_size: Optional[int] = 64
+    num_hidden_layers: Optional[int] = 6
+    num_attention_heads: Optional[int] = 4
+    num_key_value_heads: Optional[int] = 2
+    intermediate_size: Optional[int] = 128
+    vocab_size: Optional[int] = 512
     seed: int = 0
     dtype: str = "float32"
     layer_ids: Optional[List[int]] = None  # None: 5 layers spread from 1 to L-3

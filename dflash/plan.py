@@ -61,7 +61,7 @@ def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
     report["data"] = data.info
     report["settings"] = run_settings(cfg)
     anchors = int(cfg.anchors if cfg.anchors is not None else cfg.model.drafter.num_anchors)
-    if planner.strategy == "packed":
+    if planner.packs_rows:
         anchors = report["anchors_per_row"] = anchor_slots_per_row(
             data.lengths, anchors, planner.spec.row_len, int(cfg.batching.anchors_per_row))
     # the closed shape set training would warm for these plans (`warmup=...`)

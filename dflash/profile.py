@@ -41,7 +41,7 @@ def run_profile(cfg: DictConfig, out_dir) -> dict:
     b = cfg.batching
     shapes = profile_shapes(warm, int(b.token_budget), int(b.max_batch_size), int(p.max_shapes),
                             int(p.grid))
-    packed = trainer.planner.strategy == "packed"
+    packed = trainer.planner.packs_rows
     # packed rows hold documents of the data's mean length (the warm run's one document
     # per row is the most work, not the typical)
     doc_len = int(round(float(trainer.sources.data.lengths.mean()))) if packed else 0

@@ -38,10 +38,7 @@ log = logging.getLogger("dflash.regenerate")
 def build_backend(cfg, tok, topo):
     if choice(cfg.backend) == "openai":
         from dflash.generation.remote import OpenAIBackend
-        o = cfg.openai
-        return OpenAIBackend(o.base_url, o.model, o.api_key_env, o.concurrency, o.timeout,
-                             o.retries, cfg.temperature, cfg.top_p, cfg.max_new_tokens,
-                             dict(cfg.chat_template_kwargs), cfg.seed)
+        return OpenAIBackend.from_config(cfg)
     from dflash.generation.local import LocalBackend
     from dflash.model.target import Target
     mode = choice(cfg.model.compile)
@@ -63,12 +60,9 @@ def build_backend(cfg, tok, topo):
     stop = set(end_of_turn_ids(tok))
     if tok.eos_token_id is not None:
         stop.add(int(tok.eos_token_id))
-    return LocalBackend(target, stop, cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed,
-                        drafter, pad_id=tok.pad_token_id or 0,
-                        compile_backend=None if mode == "off" else checked_backend(
-                            str(cfg.model.compile_backend)),
-                        dynamic=mode == "dynamic",
-                        pad_to_multiple=int(cfg.batching.pad_to_multiple))
+    return LocalBackend.from_config(
+        cfg, target, stop, drafter, pad_id=tok.pad_token_id or 0,
+        compile_backend=None if mode == "off" else checked_backend(str(cfg.model.compile_backend)))
 
 
 def run_regenerate(cfg: DictConfig, out_dir) -> dict:

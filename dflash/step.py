@@ -21,7 +21,8 @@ from dflash.model.loss import Objective, drafter_loss
 from dflash.errors import ConfigError
 
 
-AUTOCAST = ("auto", "bf16", "off")
+# bf16 and bfloat16 are one dtype (checkpoint.dtype takes both spellings too)
+AUTOCAST = ("auto", "bf16", "bfloat16", "off")
 NONFINITE = ("stop", "skip")
 
 
@@ -43,7 +44,8 @@ class DeviceBatch:
 
 
 def autocast_for(device: torch.device, mode: str):
-    """`model.autocast`: auto = bf16 on CUDA, off elsewhere; bf16 | off force it."""
+    """`model.autocast`: auto = bf16 on CUDA, off elsewhere; bf16 (= bfloat16) | off
+    force it."""
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)

@@ -177,7 +177,7 @@ class Trainer:
         """Anchor slots per row: the drafter's num_anchors, or for packed rows the slots
         their documents would get unpacked (packed_rows.anchor_slots_per_row)."""
         n = int(self.cfg.model.drafter.num_anchors)
-        if self.planner.strategy != "packed":
+        if not self.planner.packs_rows:
             return n
         return anchor_slots_per_row(self.sources.data.lengths, n, self.planner.spec.row_len,
                                     int(self.cfg.batching.anchors_per_row))
@@ -346,7 +346,8 @@ class Trainer:
                 break
             items = pipe.run(self.shard(epoch).batches(progress.first_batch(epoch)))
             for item in items:
-                m = guard.add(progress.step + 1, item.batch, meter.drafter_step(self.train_step, item))
+                m = meter.drafter_step(self.train_step, item)  # the step: loss, backward, update
+                m = guard.add(progress.step + 1, item.batch, m)
                 meter.add(m, item)
                 progress.batches_seen.append((item.batch.epoch, item.batch.index))
                 progress.step += 1
@@ -457,7 +458,19 @@ class Trainer:
                 "steps_per_epoch": self.steps_per_epoch, "pipeline_depth": depth,
                 "stage_ms": {k: v for k, v in last.items() if k.startswith("time_")},
                 "data": self.sources.data.info,
-                "target_dir": self.sources.target_dir}
+                "target_dir": self.sources.target_dir, "model": self.model_record()}
+
+    def model_record(self) -> dict:
+        """What was trained, read off the models themselves (a local target's sizes are
+        its config.json's, whatever the model group's defaults say)."""
+        spec, t = self.drafter.spec, self.target
+        return {"target_hidden_size": int(t.hidden_size), "target_layers": len(t.base.layers),
+                "vocab_size": int(t.vocab_size), "target_layer_ids": list(spec.target_layer_ids),
+                "drafter_layers": spec.num_layers,
+                "layer_types": list(spec.layer_types) or ["full_attention"] * spec.num_layers,
+                "sliding_window": spec.sliding_window, "causal": spec.causal,
+                "block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
+                "anchor_slots": int(self.num_anchors), "loss": self.train_step.objective.kind}
 
     def next_position(self, batch) -> tuple[int, int]:
         """(epoch, batch index) of the batch after this one: where a resume starts."""
@@ -473,7 +486,7 @@ class Trainer:
         return warm_ranks(self.topo, lambda: warm(
             self.train_step, self.shapes.warm, vocab, self.topo.drafter_device,
             progress=bool(self.cfg.logger.progress and self.topo.is_main),
-            packed=self.planner.strategy == "packed"))
+            packed=self.planner.packs_rows))
 
 def _autotuners() -> list:
     """Autotuned kernels already loaded (importing Triton just to count them is waste)."""

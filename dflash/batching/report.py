@@ -49,10 +49,10 @@ def plan_report(planner: Planner, epochs: int, world_size: int = 1, remainder: s
         "token_budget": spec.token_budget,
         "max_batch_size": spec.max_batch_size,
         **({"bucket_caps": planner.bucket_caps.tolist()}
-           if planner.bucket_caps is not None and planner.strategy == "bucketed" else {}),
+           if planner.bucket_caps is not None and planner.traits.uses_buckets else {}),
         "sort_window": spec.sort_window,
         **({"row_len": spec.row_len, "rows_per_batch": planner.rows_per_batch,
-            "pack_window": spec.pack_window} if planner.strategy == "packed" else {}),
+            "pack_window": spec.pack_window} if planner.packs_rows else {}),
         "seed": planner.seed,
         "epochs": epochs,
         "per_epoch": [{"epoch": p.epoch, "num_batches": p.num_batches,

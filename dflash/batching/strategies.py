@@ -1,13 +1,15 @@
 """The batching strategies: one Planner per data set, one EpochPlan per (seed, epoch).
 
-Each strategy is one function in REGISTRY (at the end): it orders the samples, packs
-them with the shared greedy rule (packed: into rows) and, except random (already
-random), shuffles batch order. Plans depend only on (lengths, config, seed, epoch), so
+Each strategy is one function in REGISTRY (at the end), registered with its traits
+(`Strategy`): it orders the samples, packs them with the shared greedy rule (packed:
+into rows) and, except random (already random), shuffles batch order. Code elsewhere
+asks a strategy's traits (`traits(name).packs_rows`), never its name. Plans depend only on (lengths, config, seed, epoch), so
 any rank can rebuild any epoch and resume at any step without replaying earlier ones.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -49,13 +51,12 @@ class Planner:
 
     def __init__(self, strategy: str, lengths, boundaries, spec: PackingSpec, seed: int = 0,
                  bucket_caps=None):
-        if strategy not in STRATEGIES:
-            raise ConfigError(f"batching.strategy must be one of {STRATEGIES}, got {strategy!r}")
+        self.traits = traits(strategy)
         self.strategy = strategy
         self.lengths = check_lengths(lengths)
-        if strategy != "packed":  # packed rows have their own limit (row_len)
+        if not self.packs_rows:  # packed rows have their own limit (row_len)
             check_fits_budget(self.lengths, spec.token_budget)
-        if strategy == "packed":  # one shape, no buckets: a single bucket holds all
+        if self.packs_rows:  # one shape, no buckets: a single bucket holds all
             if not 0 < spec.row_len <= spec.token_budget:
                 raise ConfigError(f"batching.row_len={spec.row_len} must be in [1, token_budget="
                                 f"{spec.token_budget}] for batching=packed (0 takes "
@@ -72,16 +73,20 @@ class Planner:
         # int16 bucket keys let numpy's stable argsort use radix sort (3x faster)
         self._bucket_key = (self.sample_bucket.astype(np.int16) if self.num_buckets < 2**15
                             else self.sample_bucket)
-        if strategy == "sorted":
+        if self.traits.static:
             # Static batches: computed once, only their order changes per epoch.
             order = np.argsort(self.lengths, kind="stable")
             self._static = self._finish(0, order, pack(self.lengths[order], spec.token_budget,
                                                        spec.max_batch_size))
 
     @property
+    def packs_rows(self) -> bool:
+        return self.traits.packs_rows
+
+    @property
     def rows_per_batch(self) -> int:
         """Packed: rows a batch (packed_rows.rows_per_batch); 0 for the other strategies."""
-        if self.strategy != "packed":
+        if not self.packs_rows:
             return 0
         return rows_per_batch(self.spec.token_budget, self.spec.max_batch_size,
                               self.spec.row_len, self.lengths)
@@ -97,7 +102,7 @@ class Planner:
         return self.spec.sort_window * per_batch
 
     def epoch(self, epoch: int) -> EpochPlan:
-        return REGISTRY[self.strategy](self, epoch, epoch_rng(self.seed, epoch))
+        return self.traits.plan(self, epoch, epoch_rng(self.seed, epoch))
 
     # ---- helpers -----------------------------------------------------------------
     def _sort_windows(self, order: np.ndarray, segment: np.ndarray, window: int) -> np.ndarray:
@@ -200,6 +205,22 @@ def _packed(p: Planner, epoch: int, rng) -> EpochPlan:
     return p._packed(epoch, rng.permutation(p.num_samples), rng)
 
 
-REGISTRY = {"sorted": _sorted, "random": _random, "bucketed": _bucketed,
-            "megabatch": _megabatch, "packed": _packed}
+@dataclass(frozen=True)
+class Strategy:
+    """A strategy's plan function and what sets it apart, for the code that must know."""
+    plan: Callable  # (planner, epoch, rng) -> EpochPlan
+    packs_rows: bool = False  # documents packed into fixed rows: one shape, position ids
+    uses_buckets: bool = False  # batches stay inside a bucket (per-bucket caps apply)
+    static: bool = False  # the batches are fixed once; only their order changes
+
+
+REGISTRY = {"sorted": Strategy(_sorted, static=True), "random": Strategy(_random),
+            "bucketed": Strategy(_bucketed, uses_buckets=True),
+            "megabatch": Strategy(_megabatch), "packed": Strategy(_packed, packs_rows=True)}
 STRATEGIES = tuple(REGISTRY)
+
+
+def traits(strategy: str) -> Strategy:
+    if strategy not in REGISTRY:
+        raise ConfigError(f"batching.strategy must be one of {STRATEGIES}, got {strategy!r}")
+    return REGISTRY[strategy]

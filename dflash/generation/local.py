@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from dflash.eval.decode import DrafterProposer, speculative_decode
+from dflash.options import choice
 
 
 class PromptLookupProposer:
@@ -49,6 +50,18 @@ class PromptLookupProposer:
 
 
 class LocalBackend:
+    remote = False  # prompts go as token ids; replies come back as ids
+
+    @classmethod
+    def from_config(cls, cfg, target, stop_ids, drafter=None, pad_id: int = 0,
+                    compile_backend: str | None = None) -> "LocalBackend":
+        """From regenerate's config: sampling keys, model.compile, batching rounding."""
+        return cls(target, stop_ids, temperature=cfg.temperature, top_p=cfg.top_p,
+                   max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, drafter=drafter,
+                   pad_id=pad_id, compile_backend=compile_backend,
+                   dynamic=choice(cfg.model.compile) == "dynamic",
+                   pad_to_multiple=int(cfg.batching.pad_to_multiple))
+
     def __init__(self, target, stop_ids, temperature: float = 0.0, top_p: float = 1.0,
                  max_new_tokens: int = 512, seed: int = 0, drafter=None, pad_id: int = 0,
                  proposer=None, compile_backend: str | None = None, dynamic: bool = False,

@@ -12,6 +12,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 
 class OpenAIBackend:
+    remote = True  # the server renders the template: requests go as messages
+
+    @classmethod
+    def from_config(cls, cfg) -> "OpenAIBackend":
+        """From regenerate's config: its `openai` section and the sampling keys."""
+        o = cfg.openai
+        return cls(o.base_url, o.model, api_key_env=o.api_key_env, concurrency=o.concurrency,
+                   timeout=o.timeout, retries=o.retries, temperature=cfg.temperature,
+                   top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                   template_kwargs=dict(cfg.chat_template_kwargs), seed=cfg.seed)
+
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY",
                  concurrency: int = 16, timeout: float = 120.0, retries: int = 3,
                  temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 512,

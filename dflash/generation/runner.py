@@ -46,7 +46,7 @@ class Regeneration:
         self.rank, self.world = int(rank), int(world_size)
         self.barrier = barrier or (lambda: None)
         self.logger = logger
-        self.remote = not hasattr(backend, "generate")
+        self.remote = bool(backend.remote)
 
     def manifest(self) -> dict:
         c = self.cfg

@@ -19,14 +19,17 @@ from dflash.errors import ConfigError, DataError
 from dflash.model.drafter import FULL, SLIDING, DFlashDrafter, DrafterSpec, check_layout
 
 
-EXPORT_DTYPES = ("auto", "float32", "bfloat16")
+# each dtype under both spellings the config uses elsewhere (model.autocast=bf16)
+EXPORT_DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16")
+_DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32,
+                "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
 def export_dtype(name: str, device) -> torch.dtype:
     """checkpoint.dtype: auto is bfloat16 for a drafter trained on CUDA, else float32."""
     if name == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    return getattr(torch, name)
+    return _DTYPE_NAMES[name]
 
 
 def drafter_config_dict(spec: DrafterSpec) -> dict:

@@ -46,6 +46,14 @@ def check_not_last_layer(layer_ids, num_layers: int, key: str) -> None:
 def build_tiny_qwen3(cfg) -> nn.Module:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    unset = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                         "num_key_value_heads", "intermediate_size", "vocab_size")
+             if cfg.get(k) is None]
+    if unset:
+        raise ConfigError(f"model.target.path is not set, so a tiny model is built, but "
+                          f"model.target.{unset[0]} is null (model=hf needs "
+                          "model.target.path=DIR or DFLASH_TARGET_PATH)")
+
     hc = Qwen3Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
                      intermediate_size=cfg.intermediate_size,
                      num_hidden_layers=cfg.num_hidden_layers,

@@ -16,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from dflash.batching.strategies import traits
 from dflash.model.target import target_sizes
 from dflash.options import choice
 from dflash.warmup.run import dummy_batch
@@ -39,7 +40,7 @@ def model_identity(cfg) -> dict:
             "block_size": int(cfg.model.drafter.block_size),
             "compile": choice(cfg.model.compile),
             # packed rows take another code path (documents in a row): their own file
-            "step_kind": "packed" if choice(cfg.batching.strategy) == "packed" else "padded"}
+            "step_kind": "packed" if traits(choice(cfg.batching.strategy)).packs_rows else "padded"}
 
 
 def run_identity(cfg, device: torch.device) -> dict:
@@ -47,6 +48,7 @@ def run_identity(cfg, device: torch.device) -> dict:
     autocast = choice(cfg.model.autocast)
     if autocast == "auto":
         autocast = "bf16" if device.type == "cuda" else "off"
+    autocast = {"bfloat16": "bf16"}.get(autocast, autocast)  # one identity per dtype
     return {"device": device_name(device), "device_count": int(cfg.topology.dp_size),
             "autocast": autocast, **model_identity(cfg), "torch": torch.__version__}
 

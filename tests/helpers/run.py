@@ -18,6 +18,8 @@ from tests.helpers.paths import REPO
 # one small world for the whole session: its target is fitted once, then cached
 WORLD = ["data.num_samples=400", "data.target_fit_steps=250", "eval.num_prompts=6",
          "eval.max_new_tokens=32"]
+# a command's app module, where it is not the command's own module
+APP_OF = {"dflash.eval": "dflash.evaluate"}
 # a trainer that only trains: no progress bar, no evaluation
 QUIET = ["logger.progress=false", "eval.enabled=false"]
 
@@ -55,9 +57,8 @@ def _in_process(module: str, args: list) -> subprocess.CompletedProcess:
     import torch
     from hydra.core.global_hydra import GlobalHydra
 
-    main = getattr(importlib.import_module(module), "main", None)
-    if main is None:  # a package app: its __main__ imports main from a module
-        main = importlib.import_module(f"{module}.app").main
+    # `python -m dflash.eval` forwards to the app module dflash.evaluate
+    main = importlib.import_module(APP_OF.get(module, module)).main
     saved_env, saved_argv, cwd = dict(os.environ), sys.argv, os.getcwd()
     root = logging.getLogger()
     saved_log = (list(root.handlers), root.level)

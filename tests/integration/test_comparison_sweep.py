@@ -61,15 +61,15 @@ def test_compare_shuffles_multirun_writes_the_comparison(tmp_path, world_cache):
 
 
 def test_plan_multirun_keeps_one_entry_per_setting(tmp_path):
-    """The README's command, as written; and runs differing only in topology or
-    balancing no longer overwrite each other in the report."""
+    """The documented command, as written (docs/commands.md); and runs differing only in
+    topology or balancing no longer overwrite each other in the report."""
     report = tmp_path / "cmp.json"
     run_module("dflash.plan", "--multirun", "experiment=compare_batching", f"report={report}",
                "batching=sorted,random", "data.num_samples=5000", "topology=cpu,8gpu",
                "batching.balance_steps=false,true", f"hydra.sweep.dir={tmp_path / 's'}")
     assert len(json.loads(report.read_text())) == 8
-    readme = (REPO / "README.md").read_text()
-    assert "python -m dflash.plan --multirun experiment=compare_batching report=cmp.json" in readme
+    documented = (REPO / "docs" / "commands.md").read_text()
+    assert "python -m dflash.plan --multirun experiment=compare_batching report=cmp.json" in documented
 
 
 def test_sweep_dir_names_are_short_and_flat(tmp_path):

@@ -133,3 +133,27 @@ def test_packed_training_equals_unpacked_training_step_by_step(target, norm):
             opt.step()
     for p, q in zip(d_packed.parameters(), d_rows.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("window,causal", [(12, True), (12, False), (None, True)])
+def test_a_packed_document_equals_it_alone_under_sliding_and_causal_layers(target, window, causal):
+    """[sliding, full] and causal layouts: a document packed after others gives the same
+    blocks as in a row of its own (the window counts positions inside the document)."""
+    torch.manual_seed(0)
+    kinds = ["sliding_attention", "full_attention"] if window else None
+    drafter = DFlashDrafter(DrafterSpec.from_target(target, OmegaConf.structured(DrafterConfig(
+        num_layers=2, layer_types=kinds, sliding_window=window, causal=causal)))).eval()
+    ids, pos, valid, spans = _row(DOCS, 128)
+    ctx = target.context(ids, None, pos)
+    lo, hi = spans[2]
+    anchors = torch.tensor([[lo + 5, lo + 20, lo + 40]])
+    ok = torch.ones(1, 3, dtype=torch.bool)
+    emb = block_embeddings(target.embed_tokens, ids, anchors, 16, drafter.spec.mask_token_id)
+    alone_ids = torch.tensor([DOCS[2]])
+    alone_ctx = target.context(alone_ids)
+    valid1 = torch.ones_like(alone_ids, dtype=torch.bool)
+    for backend in ("sdpa", "chunked"):
+        drafter.set_attention(backend)
+        packed = drafter(ctx, valid, anchors, ok, emb, pos)
+        alone = drafter(alone_ctx, valid1, anchors - lo, ok, emb)
+        torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)

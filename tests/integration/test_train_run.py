@@ -174,3 +174,26 @@ def test_distillation_trains_through_the_runner(tmp_path, cache):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     accept = [x["accept_est"] for x in rows if "accept_est" in x]
     assert accept and accept[-1] > accept[0], accept
+
+
+def test_a_local_llama_target_trains_and_is_recorded_as_trained(tmp_path):
+    """model=hf: a local HF model of another family (a tiny Llama, tied embeddings)
+    trains, and the run records the sizes that were trained (from its config.json), not
+    the tiny model's defaults."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from omegaconf import OmegaConf
+    from dflash.config import compose
+    from dflash.trainer import Trainer
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=48, intermediate_size=96,
+                                 num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+                                 tie_word_embeddings=True)).save_pretrained(tmp_path / "llama")
+    cfg = compose("train", ["model=hf", f"model.target.path={tmp_path / 'llama'}",
+                            "data=synthetic", "data.num_samples=48", f"data.cache_dir={tmp_path}",
+                            "eval.enabled=false", "optim.max_steps=3", "logger.progress=false"])
+    assert OmegaConf.to_container(cfg.model.target)["hidden_size"] is None
+    summary = Trainer(cfg, tmp_path / "run").build().run()
+    assert summary["steps"] == 3 and summary["final_loss"] is not None
+    m = summary["model"]
+    assert (m["target_hidden_size"], m["target_layers"], m["vocab_size"]) == (48, 5, 512)
+    assert m["target_layer_ids"] == [1, 2] and m["mask_token_id"] == 511

@@ -151,6 +151,17 @@ def test_export_dtype_auto_is_bf16_on_cuda_only():
     assert export_dtype("bfloat16", "cpu") is torch.bfloat16
 
 
+def test_one_dtype_has_one_meaning_under_either_spelling():
+    """model.autocast=bf16 and checkpoint.dtype=bfloat16 were the only spellings each
+    took; both keys now take both."""
+    from dflash.config import compose
+    from dflash.model.checkpoint import export_dtype
+    assert export_dtype("bf16", "cpu") is export_dtype("bfloat16", "cpu") is torch.bfloat16
+    assert export_dtype("fp32", "cpu") is torch.float32
+    cfg = compose("train", ["checkpoint.dtype=bf16", "model.autocast=bfloat16"])
+    assert (str(cfg.checkpoint.dtype), str(cfg.model.autocast)) == ("bf16", "bfloat16")
+
+
 def test_an_incompatible_warm_start_names_the_field():
     from dflash.model.checkpoint import check_compatible
     check_compatible(SPEC, dataclasses.replace(SPEC), "init")

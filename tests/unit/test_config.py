@@ -39,7 +39,7 @@ def test_defaults_and_experiment():
     ("batching.strategy=sortd", "expected one of \\[sorted, random, bucketed, megabatch, packed\\]"),
     ("data.overlong=cut", "data.overlong"),
     ("loss.norm=tokens", "loss.norm"),
-    ("loss.kind=kl", "loss.kind"),
+    ("loss.kind=mse", "loss.kind"),
 ])
 def test_bad_overrides_name_the_key(override, match):
     import re

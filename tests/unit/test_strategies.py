@@ -107,3 +107,18 @@ def test_bad_boundaries_are_named(boundaries, match):
 def test_unknown_strategy():
     with pytest.raises(ConfigError, match="batching.strategy must be one of"):
         Planner("sortd", np.array([1]), [0, 2], PackingSpec(10, 1))
+
+
+def test_code_asks_a_strategys_traits_not_its_name():
+    """Each strategy is registered with its traits; outside the registry (and the plot's
+    labels) no code compares a strategy's name, so a new strategy is one entry."""
+    import re
+    from dflash.batching.strategies import REGISTRY, traits
+    from tests.helpers.paths import REPO
+    assert [n for n, s in REGISTRY.items() if s.packs_rows] == ["packed"]
+    assert [n for n, s in REGISTRY.items() if s.uses_buckets] == ["bucketed"]
+    assert traits("sorted").static and not traits("random").static
+    pattern = re.compile(r"strategy\)?\s*[!=]=\s*[\"']")
+    named = [str(p.relative_to(REPO)) for p in (REPO / "dflash").rglob("*.py")
+             if p.name not in ("strategies.py", "plan_plot.py") and pattern.search(p.read_text())]
+    assert named == []

@@ -1,9 +1,14 @@
 """`python -m dflash.eval drafter=DIR prompts=F [model=...]`: acceptance length of any
-drafter checkpoint against its target, by real speculative decoding."""
+drafter checkpoint against its target, by real speculative decoding.
+
+The app lives here, at the apps' layer beside train/plan/regenerate (it registers the
+Hydra schemas); `python -m dflash.eval`, the command users know, forwards to it from
+the eval library package without importing upward (dflash/eval/__main__.py)."""
 from __future__ import annotations
 
 import hydra
 
+from dflash import config
 from dflash.errors import user_errors_exit
 from dflash.eval.decode import evaluate
 from dflash.eval.prompts import check_pair, load_prompts
@@ -52,7 +57,14 @@ def format_eval(report: dict) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path="../conf", config_name="eval", version_base="1.3")
+config.register()
+
+
+@hydra.main(config_path="conf", config_name="eval", version_base="1.3")
 @user_errors_exit
 def main(cfg) -> None:
     print(format_eval(main_app(cfg)))
+
+
+if __name__ == "__main__":
+    main()
