@@ -17,6 +17,7 @@ from dflash.batching.boundaries import COMPUTED
 from dflash.batching.distributed import REMAINDERS
 from dflash.batching.strategies import STRATEGIES
 from dflash.data.build import SOURCES
+from dflash.data.prompt_formats import FORMATS as PROMPT_FORMATS
 from dflash.data.overlong import POLICIES as OVERLONG
 from dflash.kernels.lm_head_loss import LOSS_IMPLS
 from dflash.model.drafter import ATTENTION_BACKENDS
@@ -52,6 +53,8 @@ RegenBackend = options("RegenBackend", ("local", "openai"))
 RegenTurns = options("RegenTurns", TURNS)
 TruncatedPolicy = options("TruncatedPolicy", ("keep", "drop"))
 BadLines = options("BadLines", ("skip", "error"))
+PromptFormat = options("PromptFormat", ("prompt_ids", *PROMPT_FORMATS))
+ChatFormat = options("ChatFormat", PROMPT_FORMATS)
 
 
 @dataclass
@@ -434,6 +437,9 @@ class OpenAISettings:
 class RegenerateConfig:
     """`python -m dflash.regenerate`: the target writes the replies its drafter learns."""
     inputs: List[str] = MISSING  # chat JSONL files (the formats prepare reads)
+    # chat, or a benchmark's own file (gsm8k | humaneval | mtbench: prompt-only records
+    # worded as the public DFlash benchmarks prompt them; mtbench wants turns=each)
+    format: ChatFormat = ChatFormat.chat
     out: str = MISSING  # chat JSONL written; OUT.parts/ holds the resumable parts
     tokenizer: Optional[str] = None  # None: model.target.path
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -461,6 +467,11 @@ class RegenerateConfig:
 class EvalAppConfig:
     drafter: Optional[str] = None  # a checkpoint dir in the public DFlash layout
     prompts: Optional[str] = None  # JSONL with "prompt_ids", or a dflash data set dir
+    # prompt_ids (JSONL of {"prompt_ids": [...]}), or a file of chat | gsm8k | humaneval |
+    # mtbench records rendered with the tokenizer's chat template, as the public DFlash
+    # benchmarks prompt them (dflash/data/prompt_formats.py)
+    format: PromptFormat = PromptFormat.prompt_ids
+    tokenizer: Optional[str] = None  # format != prompt_ids; null: model.target.path
     model: ModelConfig = field(default_factory=ModelConfig)
     num_prompts: int = -1  # -1: every prompt in the file
     max_new_tokens: int = 64

@@ -28,15 +28,24 @@ def main_app(cfg) -> dict:
     dev = resolve_device(choice(cfg.device))
     target = Target.from_config(cfg.model.target).to(dev)
     drafter = load_drafter(cfg.drafter, device=dev)
-    prompts = load_prompts(cfg.prompts, int(cfg.num_prompts))
+    tok = None
+    if choice(cfg.format) != "prompt_ids":
+        from dflash.data.prepare import load_tokenizer
+        tok_dir = cfg.tokenizer or cfg.model.target.path
+        tok = load_tokenizer(tok_dir) if tok_dir else None
+    prompts = load_prompts(cfg.prompts, int(cfg.num_prompts), choice(cfg.format), tok)
     check_pair(drafter, target, prompts, f"drafter {cfg.drafter}")
     target.layer_ids = list(drafter.spec.target_layer_ids)  # the checkpoint decides
     res = evaluate(target, drafter, prompts, int(cfg.max_new_tokens),
                    temperature=float(cfg.temperature), batch_size=int(cfg.batch_size),
                    seed=int(cfg.seed), eos_token_id=getattr(target.config, "eos_token_id", None))
+    # the prompts and generated tokens themselves: losslessness can be checked from the
+    # report (greedy: they are the target's own greedy continuation)
     report = {"drafter": str(cfg.drafter), "prompts": str(cfg.prompts),
-              "temperature": float(cfg.temperature), "max_new_tokens": int(cfg.max_new_tokens),
-              **res.as_dict()}
+              "format": choice(cfg.format), "temperature": float(cfg.temperature),
+              "max_new_tokens": int(cfg.max_new_tokens), **res.as_dict(),
+              "prompt_ids": [list(map(int, p)) for p in prompts],
+              "tokens": [list(map(int, t)) for t in res.tokens]}
     if cfg.out:
         from pathlib import Path
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)

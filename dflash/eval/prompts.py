@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 
-def load_prompts(path, limit: int = -1) -> list:
-    """Prompts from a JSONL file ({"prompt_ids": [...]} per line) or a dflash data set
-    directory (each sample's tokens before its first supervised one)."""
+def load_prompts(path, limit: int = -1, fmt: str = "prompt_ids", tokenizer=None) -> list:
+    """Prompts from a JSONL file ({"prompt_ids": [...]} per line), a dflash data set
+    directory (each sample's tokens before its first supervised one), or, with `fmt`
+    chat | gsm8k | humaneval | mtbench, benchmark records rendered through `tokenizer`'s
+    chat template (`dflash.data.prompt_formats`)."""
     import json
     from pathlib import Path
 
@@ -12,6 +14,8 @@ def load_prompts(path, limit: int = -1) -> list:
 
     path = Path(path)
     prompts = []
+    if fmt != "prompt_ids" and not path.is_dir():
+        return _chat_prompts(path, limit, fmt, tokenizer)
     if path.is_dir():
         from dflash.data.format import TokenDataset
         from dflash.sources.build import prompt_of
@@ -34,6 +38,38 @@ def load_prompts(path, limit: int = -1) -> list:
             prompts.append(ids)
             if 0 <= limit <= len(prompts):
                 break
+    if not prompts:
+        raise DataError(f"{path}: no prompts")
+    return prompts
+
+
+def _chat_prompts(path, limit: int, fmt: str, tok) -> list:
+    """Each record's prompt (chat: before its last assistant turn; mtbench: its first
+    user turn) rendered with the chat template's generation prompt, as token ids."""
+    from dflash.data.prepare import jsonl_lines, read_record
+    from dflash.data.prompt_formats import as_chat, first_prompt
+    from dflash.errors import DataError
+
+    if tok is None:
+        raise DataError(f"format={fmt} renders prompts with a chat template: set tokenizer=DIR "
+                        "(or model.target.path)")
+    if not path.exists():
+        raise DataError(f"prompts file not found: {path}")
+    prompts = []
+    for _, raw, where in jsonl_lines(path):
+        msgs = as_chat(read_record(raw, where), fmt, where).get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise DataError(f"{where}: no 'messages' list")
+        if fmt == "mtbench":
+            msgs = first_prompt(msgs)
+        while msgs and msgs[-1].get("role") == "assistant":
+            msgs = msgs[:-1]
+        if not msgs:
+            raise DataError(f"{where}: no prompt before the reply")
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        prompts.append(list(map(int, tok(text, add_special_tokens=False)["input_ids"])))
+        if 0 <= limit <= len(prompts):
+            break
     if not prompts:
         raise DataError(f"{path}: no prompts")
     return prompts

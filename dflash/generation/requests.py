@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dflash.data.loss_mask import THINK_CLOSE, THINK_OPEN, check_messages
 from dflash.data.prepare import jsonl_lines, read_record
+from dflash.data.prompt_formats import as_chat
 from dflash.errors import DataError
 
 TURNS = ("last", "each")
@@ -39,8 +40,9 @@ class Request:
     prompt_ids: list = field(default_factory=list)
 
 
-def read_conversations(paths, bad_lines: str = "skip") -> tuple[list, list]:
-    """Every usable conversation of the files, and the skipped lines with reasons."""
+def read_conversations(paths, bad_lines: str = "skip", fmt: str = "chat") -> tuple[list, list]:
+    """Every usable conversation of the files (records of `fmt`: chat, or a benchmark's
+    own format, dflash.data.prompt_formats), and the skipped lines with reasons."""
     convs, skipped = [], []
     for path in paths:
         path = Path(path)
@@ -48,7 +50,7 @@ def read_conversations(paths, bad_lines: str = "skip") -> tuple[list, list]:
             raise DataError(f"input file not found: {path}")
         for _, raw, where in jsonl_lines(path):
             try:
-                convs.append(_parse(raw, where, len(convs)))
+                convs.append(_parse(raw, where, len(convs), fmt))
             except DataError as exc:
                 if bad_lines == "error":
                     raise
@@ -56,8 +58,8 @@ def read_conversations(paths, bad_lines: str = "skip") -> tuple[list, list]:
     return convs, skipped
 
 
-def _parse(raw: bytes, where: str, index: int) -> Conversation:
-    rec = read_record(raw, where)
+def _parse(raw: bytes, where: str, index: int, fmt: str = "chat") -> Conversation:
+    rec = as_chat(read_record(raw, where), fmt, where)
     messages = rec.get("messages", rec.get("conversations"))
     check_messages(messages, where)
     if messages[-1]["role"] == "user":

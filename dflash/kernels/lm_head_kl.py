@@ -15,37 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash.kernels.lm_head_loss import auto_chunk
-
-
-class _FusedLMHeadKL(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, target_hidden, weight, temperature, chunk):
-        n = hidden.shape[0]
-        t = float(temperature)
-        kl = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        argmax = torch.empty(n, dtype=torch.int64, device=hidden.device)
-        grad_h = torch.empty_like(hidden) if hidden.requires_grad else None
-        for s in range(0, n, chunk):
-            e = min(n, s + chunk)
-            zd = (hidden[s:e].to(weight.dtype) @ weight.t()).float()
-            argmax[s:e] = zd.argmax(-1)
-            log_pd = torch.log_softmax(zd.div_(t), dim=-1)
-            log_pt = torch.log_softmax((target_hidden[s:e].to(weight.dtype) @ weight.t()).float()
-                                       .div_(t), dim=-1)
-            pt = log_pt.exp()
-            kl[s:e] = (pt * (log_pt - log_pd)).sum(-1) * (t * t)
-            if grad_h is not None:
-                dz = log_pd.exp_().sub_(pt).mul_(t)  # T * (p_d - p_t), in place
-                grad_h[s:e] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
-        ctx.save_for_backward(grad_h if grad_h is not None else hidden.new_empty(0))
-        ctx.mark_non_differentiable(argmax)
-        return kl, argmax
-
-    @staticmethod
-    def backward(ctx, grad_kl, _grad_argmax):
-        (grad_h,) = ctx.saved_tensors
-        return grad_h * grad_kl[:, None].to(grad_h.dtype), None, None, None, None
+from dflash.kernels.lm_head_loss import RowLosses, auto_chunk
 
 
 def fused_lm_head_kl_rows(hidden: torch.Tensor, target_hidden: torch.Tensor, weight: torch.Tensor,
@@ -57,5 +27,19 @@ def fused_lm_head_kl_rows(hidden: torch.Tensor, target_hidden: torch.Tensor, wei
                          f"{tuple(target_hidden.shape)} must have the same shape")
     if int(chunk) <= 0:  # ~5 fp32 [chunk, V] temporaries live at once
         chunk = auto_chunk(weight.shape[0], torch.float32, "triton", chunk_mb / 5)
-    return _FusedLMHeadKL.apply(hidden, target_hidden.detach(), weight.detach(),
-                                float(temperature), int(chunk))
+    t, weight, target_hidden = float(temperature), weight.detach(), target_hidden.detach()
+
+    def kl_chunk(s, e, need_grad):
+        zd = (hidden[s:e].detach().to(weight.dtype) @ weight.t()).float()
+        arg = zd.argmax(-1)
+        log_pd = torch.log_softmax(zd.div_(t), dim=-1)
+        log_pt = torch.log_softmax((target_hidden[s:e].to(weight.dtype) @ weight.t()).float()
+                                   .div_(t), dim=-1)
+        pt = log_pt.exp()
+        kl = (pt * (log_pt - log_pd)).sum(-1) * (t * t)
+        if not need_grad:
+            return kl, arg, None
+        dz = log_pd.exp_().sub_(pt).mul_(t)  # T * (p_d - p_t), in place
+        return kl, arg, (dz.to(weight.dtype) @ weight).to(hidden.dtype)
+
+    return RowLosses.apply(hidden, kl_chunk, int(chunk))

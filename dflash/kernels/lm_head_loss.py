@@ -47,27 +47,24 @@ def resolve_impl(impl: str, device: torch.device) -> str:
     return impl
 
 
-class _FusedLMHeadCE(torch.autograd.Function):
-    """Per-row CE as a differentiable output. Each row's gradient dCE_i/dh_i is computed
-    in the forward, unscaled (it does not depend on the row's loss weight), and scaled
-    by d(loss)/d(CE_i) in the backward: so a weight may be computed from the CE itself
-    (D-PACE) without a second pass over the vocabulary."""
+class RowLosses(torch.autograd.Function):
+    """Per-row losses as a differentiable output, through a frozen LM head, chunk by
+    chunk. `chunk_fn(s, e, need_grad)` returns rows [s, e)'s losses, argmax and (when
+    asked) their gradient w.r.t. hidden, unscaled: it does not depend on a row's loss
+    weight, which the backward applies, so a weight may be computed from the loss itself
+    (D-PACE) without a second pass over the vocabulary. Shared by the CE and the KL."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, chunk, impl):
+    def forward(ctx, hidden, chunk_fn, chunk):
         n = hidden.shape[0]
-        fn = _chunk_fn(impl)
-        ones = torch.ones(n, dtype=torch.float32, device=hidden.device)
         losses = torch.empty(n, dtype=torch.float32, device=hidden.device)
         argmax = torch.empty(n, dtype=torch.int64, device=hidden.device)
         grad_h = torch.empty_like(hidden) if hidden.requires_grad else None
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            # the LM head's dtype decides the matmul (bf16 target, fp32 drafter: bf16)
-            logits = (hidden[s:e].to(weight.dtype) @ weight.t()).contiguous()
-            losses[s:e], argmax[s:e] = fn(logits, target[s:e], ones[s:e])
+            losses[s:e], argmax[s:e], g = chunk_fn(s, e, grad_h is not None)
             if grad_h is not None:
-                grad_h[s:e] = (logits.to(weight.dtype) @ weight).to(hidden.dtype)
+                grad_h[s:e] = g
         ctx.save_for_backward(grad_h if grad_h is not None else hidden.new_empty(0))
         ctx.mark_non_differentiable(argmax)
         return losses, argmax
@@ -75,7 +72,7 @@ class _FusedLMHeadCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_losses, _grad_argmax):
         (grad_h,) = ctx.saved_tensors
-        return grad_h * grad_losses[:, None].to(grad_h.dtype), None, None, None, None
+        return grad_h * grad_losses[:, None].to(grad_h.dtype), None, None
 
 
 def fused_lm_head_ce_rows(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -91,7 +88,17 @@ def fused_lm_head_ce_rows(hidden: torch.Tensor, weight: torch.Tensor, target: to
     impl = resolve_impl(impl, hidden.device)
     if int(chunk) <= 0:
         chunk = auto_chunk(weight.shape[0], weight.dtype, impl, chunk_mb)
-    return _FusedLMHeadCE.apply(hidden, weight.detach(), target, int(chunk), impl)
+    fn, weight = _chunk_fn(impl), weight.detach()
+    ones = torch.ones(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+
+    def ce_chunk(s, e, need_grad):
+        # the LM head's dtype decides the matmul (bf16 target, fp32 drafter: bf16)
+        logits = (hidden[s:e].detach().to(weight.dtype) @ weight.t()).contiguous()
+        loss, arg = fn(logits, target[s:e], ones[s:e])  # logits now hold dCE/dlogits
+        grad = (logits.to(weight.dtype) @ weight).to(hidden.dtype) if need_grad else None
+        return loss, arg, grad
+
+    return RowLosses.apply(hidden, ce_chunk, int(chunk))
 
 
 def fused_lm_head_ce(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,

@@ -63,6 +63,10 @@ def test_eval_app_measures_a_checkpoint_and_refuses_a_mismatch(tmp_path, target)
     assert len(report["per_prompt"]) == 3 and report["generated_tokens"] == 30
     assert sum(report["histogram"]) == report["verify_steps"]
     assert "acceptance length" in proc.stdout
+    # the report holds the prompts and tokens: losslessness checks from the file alone
+    from tests.helpers.decoding import target_greedy
+    assert report["prompt_ids"] == _prompts(3)
+    assert report["tokens"] == [target_greedy(target, p, 10) for p in _prompts(3)]
     other = tmp_path / "small"
     from dflash.model.target import build_tiny_qwen3
     build_tiny_qwen3(OmegaConf.structured(TargetConfig(hidden_size=32, num_attention_heads=2,

@@ -1,0 +1,65 @@
+"""Benchmark files (GSM8K, HumanEval, MT-Bench, chat JSONL) as prompts for eval and
+regenerate, worded as the public DFlash benchmarks prompt them."""
+import json
+
+import pytest
+
+from dflash.data.prompt_formats import as_chat
+from dflash.errors import DataError
+from dflash.eval.prompts import load_prompts
+from dflash.generation.requests import num_rounds, read_conversations, requests_for_round
+
+ROWS = {
+    "gsm8k": [{"question": "w1 w2 w3", "answer": "#### 4"}],
+    "humaneval": [{"task_id": "HumanEval/0", "prompt": "w4 w5", "test": "w6"}],
+    "mtbench": [{"question_id": 81, "category": "writing", "turns": ["w7 w8", "w9"]}],
+    "chat": [{"messages": [{"role": "user", "content": "w10"}, {"role": "assistant", "content": "w11"}]}],
+}
+
+
+def _file(tmp_path, fmt, rows):
+    p = tmp_path / f"{fmt}.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def test_each_format_becomes_the_public_benchmarks_prompt():
+    g = as_chat(ROWS["gsm8k"][0], "gsm8k", "f:1")["messages"]
+    assert g == [{"role": "user", "content": "w1 w2 w3\nPlease reason step by step, and put "
+                  "your final answer within \\boxed{}."}]
+    h = as_chat(ROWS["humaneval"][0], "humaneval", "f:1")
+    assert h["task_id"] == "HumanEval/0" and h["messages"][0]["content"].endswith(
+        "passes the tests:\n```python\nw4 w5\n```")
+    m = as_chat(ROWS["mtbench"][0], "mtbench", "f:1")["messages"]
+    assert [x["role"] for x in m] == ["user", "assistant", "user"] and m[1]["content"] == ""
+    with pytest.raises(DataError, match=r"f:3: a gsm8k record needs a non-empty string 'question'"):
+        as_chat({"prompt": "x"}, "gsm8k", "f:3")
+    with pytest.raises(DataError, match=r"f:2: an MT-Bench record needs 'turns'"):
+        as_chat({"turns": "x"}, "mtbench", "f:2")
+
+
+def test_eval_renders_each_format_through_the_chat_template(tmp_path, chat_tokenizer):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(chat_tokenizer))
+    for fmt, rows in ROWS.items():
+        (ids,) = load_prompts(_file(tmp_path, fmt, rows), fmt=fmt, tokenizer=tok)
+        text = tok.decode(ids)
+        assert text.rstrip().endswith("assistant"), (fmt, text)  # the generation prompt
+    chat_text = tok.decode(load_prompts(_file(tmp_path, "chat", ROWS["chat"]), fmt="chat",
+                                        tokenizer=tok)[0])
+    assert "w10" in chat_text and "w11" not in chat_text  # the reply is not in the prompt
+    mt_text = tok.decode(load_prompts(_file(tmp_path, "mtbench", ROWS["mtbench"]), fmt="mtbench",
+                                      tokenizer=tok)[0])
+    assert "w7" in mt_text and "w9" not in mt_text  # the first turn
+    with pytest.raises(DataError, match="tokenizer=DIR"):
+        load_prompts(_file(tmp_path, "gsm8k", ROWS["gsm8k"]), fmt="gsm8k")
+
+
+def test_regenerate_reads_benchmark_files_as_prompt_only_conversations(tmp_path):
+    convs, skipped = read_conversations([_file(tmp_path, "gsm8k", ROWS["gsm8k"] + [{"q": 1}])],
+                                        fmt="gsm8k")
+    assert len(convs) == 1 and "needs a non-empty string 'question'" in skipped[0]["reason"]
+    (req,) = requests_for_round(convs, "last", 0)
+    assert req.turn == 1 and req.messages[0]["content"].startswith("w1 w2 w3\nPlease reason")
+    mt, _ = read_conversations([_file(tmp_path, "mtbench", ROWS["mtbench"])], fmt="mtbench")
+    assert num_rounds(mt, "each") == 2  # each turn's reply regenerated in order
