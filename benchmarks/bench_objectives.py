@@ -32,29 +32,35 @@ def main() -> None:
     from dflash.model.drafter import DFlashDrafter, DrafterSpec
     from dflash.model.loss import Objective, drafter_loss, sample_anchors
     from dflash.model.target import Target
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     target = Target.from_config(OmegaConf.structured(TargetConfig(
         hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=768, vocab_size=args.vocab)))
+        intermediate_size=768, vocab_size=args.vocab))).to(dev)
     torch.manual_seed(0)
-    drafter = DFlashDrafter(DrafterSpec.from_target(target, OmegaConf.structured(DrafterConfig())))
+    drafter = DFlashDrafter(DrafterSpec.from_target(
+        target, OmegaConf.structured(DrafterConfig()))).to(dev)
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, args.vocab - 1, (4, 512), generator=g)
+    ids = torch.randint(3, args.vocab - 1, (4, 512), generator=g).to(dev)
     valid = torch.ones_like(ids, dtype=torch.bool)
-    mask = valid & (torch.arange(512)[None] >= 64)
-    anchors = sample_anchors(mask, valid, 64, torch.Generator().manual_seed(1))
+    mask = valid & (torch.arange(512, device=dev)[None] >= 64)
+    anchors = sample_anchors(mask, valid, 64, torch.Generator(device=dev).manual_seed(1))
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     rows = []
-    print(f"{'loss':>6} {'target ms':>18} {'drafter ms':>18} {'total ms':>10}")
+    print(f"{'loss':>6} {'target ms':>18} {'drafter ms':>18} {'total ms':>10}   ({dev.type})")
     for kind in ("ce", "dpace", "kl"):
         ob = Objective(64, kind=kind, norm="batch")
         times = []
         for rep in range(args.reps + 1):
+            sync()
             t0 = time.perf_counter()
             ctx = target.context(ids, valid.long(), final=kind == "kl")
+            sync()
             t1 = time.perf_counter()
             out = drafter_loss(drafter, ctx, target.embed_tokens, target.lm_head_weight, ids,
                                mask, valid, ob, anchors=anchors)
             out.loss.backward()
             drafter.zero_grad(set_to_none=True)
+            sync()
             t2 = time.perf_counter()
             if rep:
                 times.append((1e3 * (t1 - t0), 1e3 * (t2 - t1)))

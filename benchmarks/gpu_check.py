@@ -8,7 +8,8 @@ torch reference; flex attention forward and backward with the tile-built block m
 against dense SDPA; bf16 autocast drafter loss against fp32; the pipeline on CUDA
 streams against the sequential loop; training with `model.compile=static|dynamic`
 after warmup (no compile after step 1); NCCL `pairs` through torchrun when 2+ GPUs;
-regenerate's compiled static-cache decoding against its eager decoder.
+regenerate's compiled static-cache decoding against its eager decoder; flex masks of
+sliding and causal layers; the step cost of each objective and of sliding layouts.
 """
 from __future__ import annotations
 
@@ -111,6 +112,52 @@ def flex(dev):
     for x, y in zip(grads, refs):
         torch.testing.assert_close(x, y, rtol=5e-3, atol=5e-3)
     return f"forward + backward match dense SDPA ({a} anchors x {s} context)"
+
+
+@check("flex_sliding_causal")
+def flex_layouts(dev):
+    """The flex BlockMask of sliding-window and causal layers against the dense mask."""
+    from dflash.model.drafter import block_mask, flex_attention_fn, flex_block_mask
+    g = torch.Generator(device=dev).manual_seed(1)
+    b, s, a, bs = 2, 700, 40, 16
+    anchors = torch.sort(torch.randint(0, s, (b, a), device=dev, generator=g), 1).values
+    ok = torch.rand(b, a, device=dev, generator=g) > 0.1
+    valid = torch.ones(b, s, dtype=torch.bool, device=dev)
+    grad = dev.type == "cuda"
+    done = []
+    for window, causal in ((256, True), (None, True), (64, False)):
+        dense = block_mask(anchors, ok, valid, bs, None, window, causal)
+        bm = flex_block_mask(anchors, ok, valid, bs, None, window, causal)
+        q = torch.randn(b, 8, a * bs, 64, device=dev, generator=g, requires_grad=grad)
+        k = torch.randn(b, 2, s + a * bs, 64, device=dev, generator=g, requires_grad=grad)
+        v = torch.randn(b, 2, s + a * bs, 64, device=dev, generator=g, requires_grad=grad)
+        out = flex_attention_fn(q.device)(q, k, v, block_mask=bm, enable_gqa=True)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), attn_mask=dense[:, None])
+        torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+        if grad:
+            go = torch.randn_like(out)
+            for x, y in zip(torch.autograd.grad(out, (q, k, v), go),
+                            torch.autograd.grad(ref, (q, k, v), go)):
+                torch.testing.assert_close(x, y, rtol=5e-3, atol=5e-3)
+        done.append(f"window {window} causal {causal}")
+    return "match dense SDPA" + (" with gradients" if grad else " (forward)") + ": " + ", ".join(done)
+
+
+@check("objective_and_window_cost")
+def objective_cost(dev):
+    """Prints the step cost of loss=ce|dpace|kl and of sliding layouts at long rows."""
+    if dev.type != "cuda":
+        return "skip: the CPU figures are on the benchmarks page"
+    out = []
+    for script, args in (("bench_objectives.py", ["--reps", "5", "--vocab", "151936"]),
+                         ("bench_layouts.py", ["--length", "8192", "--window", "2048", "--reps", "5"])):
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", script), *args],
+                              cwd=REPO, text=True, capture_output=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-300:]
+        print(proc.stdout, flush=True)
+        out.append(proc.stdout.strip().splitlines()[-1])
+    return "; ".join(out)
 
 
 @check("bf16_autocast")
@@ -250,8 +297,8 @@ def main() -> int:
         print(f"device: {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, "
               f"{torch.cuda.device_count()} GPU(s)", flush=True)
     # cheapest first: the compile checks take minutes and come last
-    for fn in (triton_ce, flex, bf16, step_cost, pipeline, nccl, regenerate_compiled,
-               compiled_dynamic, compiled_static):
+    for fn in (triton_ce, flex, flex_layouts, bf16, step_cost, pipeline, nccl,
+               objective_cost, regenerate_compiled, compiled_dynamic, compiled_static):
         fn(dev)
     failed = [r for r in RESULTS if r.startswith("FAIL")]
     print(f"{len(RESULTS) - len(failed)}/{len(RESULTS)} checks without failure")
