@@ -45,6 +45,19 @@ def format_summary(summary: dict) -> str:
     return "\n".join(rows)
 
 
+def to_log_file(text: str) -> None:
+    """The printed summary into the run's log file (Hydra's `train.log`, which holds the
+    run's logged warnings and notes) too, without printing it twice on the console."""
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler) and h.stream is not None:
+            h.acquire()
+            try:
+                h.stream.write(text + "\n")
+                h.flush()
+            finally:
+                h.release()
+
+
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 @user_errors_exit
 def main(cfg: DictConfig) -> float | None:
@@ -52,8 +65,9 @@ def main(cfg: DictConfig) -> float | None:
     trainer = Trainer(cfg, out_dir).build()
     summary = trainer.run()
     if trainer.topo.is_main:
-        print(format_summary(summary))
-        print(f"run dir: {out_dir}")
+        text = f"{format_summary(summary)}\nrun dir: {out_dir}"
+        print(text)
+        to_log_file(text)
     # a sweeper that optimises (Optuna) reads the job's return value
     return summary.get("acceptance_length")
 

@@ -62,6 +62,9 @@ def test_train_entry_point_end_to_end(trained_run):
     bars = re.findall(r"train bucketed:\s+(\d+)%\|[^|]*\|\s*(\d+)/(\d+)",
                       (run / "stderr.txt").read_text())
     assert bars and bars[-1] == ("100", str(summary["steps"]), str(summary["steps"])), bars[-1:]
+    # the run's log file holds what the run printed, not 0 bytes
+    log = (run / "train.log").read_text()
+    assert "acceptance_length" in log and f"run dir: {run}" in log
 
 
 def test_acceptance_is_reported_side_by_side_and_decoding_matches_its_estimate(trained_run):
