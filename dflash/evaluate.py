@@ -38,6 +38,7 @@ def main_app(cfg) -> dict:
     target.layer_ids = list(drafter.spec.target_layer_ids)  # the checkpoint decides
     res = evaluate(target, drafter, prompts, int(cfg.max_new_tokens),
                    temperature=float(cfg.temperature), batch_size=int(cfg.batch_size),
+                   progress="eval",
                    seed=int(cfg.seed), eos_token_id=getattr(target.config, "eos_token_id", None))
     # the prompts and generated tokens themselves: losslessness can be checked from the
     # report (greedy: they are the target's own greedy continuation)

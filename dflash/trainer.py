@@ -264,16 +264,19 @@ class Trainer:
                             generator=self.train_step.generator)
 
     # ---- run -------------------------------------------------------------------------
-    def evaluate(self, teacher_forced: bool = False) -> dict:
+    def evaluate(self, teacher_forced: bool = False, label: str | None = None) -> dict:
         """Decoded acceptance on the held-out prompts; with `teacher_forced`, also the
-        training estimate on those prompts followed by the tokens decoding produced."""
+        training estimate on those prompts followed by the tokens decoding produced.
+        `label`: a progress bar over the prompts (the evaluations before and after
+        training, which take minutes on a real model)."""
         e = self.cfg.eval
         prompts = self.sources.eval_prompts
         if not e.enabled or not prompts:
             return {}
         r = evaluate(self.target, self.drafter, prompts, int(e.max_new_tokens),
                      temperature=float(e.temperature), batch_size=int(e.batch_size),
-                     seed=int(e.seed), eos_token_id=getattr(self.target.config, "eos_token_id", None))
+                     seed=int(e.seed), eos_token_id=getattr(self.target.config, "eos_token_id", None),
+                     progress=label if self.cfg.logger.progress else None)
         out = r.as_dict()
         if teacher_forced:
             out["teacher_forced"] = teacher_forced_acceptance(
@@ -290,7 +293,7 @@ class Trainer:
                               run_name=names["run_name"], group=names["group"])
         failed = True
         try:
-            before = self.evaluate() if topo.is_main else {}
+            before = self.evaluate(label="eval before training") if topo.is_main else {}
             if topo.is_main:
                 logger.log_plan(self.plan_info())
                 logger.log_eval(before, 0)
@@ -303,7 +306,7 @@ class Trainer:
                     write_summary(self.out_dir, summary)
                 failed = False
                 return summary
-            after = self.evaluate(teacher_forced=True) if topo.is_main else {}
+            after = self.evaluate(teacher_forced=True, label="eval after training") if topo.is_main else {}
             gap = acceptance_gap(summary["final_accept_est"], after.get("teacher_forced", {}),
                                  after, float(cfg.eval.temperature)) if after else None
             if gap and gap["warning"]:

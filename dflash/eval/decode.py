@@ -206,9 +206,13 @@ def _sample(probs: torch.Tensor, generator) -> torch.Tensor:
 @torch.no_grad()
 def speculative_decode(target, proposer, prompts, max_new_tokens: int = 64,
                        temperature: float = 0.0, eos_token_id=None, batch_size: int = 16,
-                       seed: int = 0) -> EvalResult:
-    """Generate up to `max_new_tokens` per prompt; returns tokens and acceptance lengths."""
+                       seed: int = 0, progress: str | None = None) -> EvalResult:
+    """Generate up to `max_new_tokens` per prompt; returns tokens and acceptance lengths.
+    `progress`: a bar with this label counting prompts as they finish (None: silent)."""
+    from tqdm.auto import tqdm
+
     prompts = [list(map(int, p)) for p in prompts]
+    bar = tqdm(total=len(prompts), desc=progress, unit="prompt", disable=progress is None)
     bs = getattr(proposer, "block_size", 16)
     eos = set() if eos_token_id is None else set(np.atleast_1d(eos_token_id).tolist())
     result = EvalResult([[] for _ in prompts], [[] for _ in prompts], bs)
@@ -248,11 +252,14 @@ def speculative_decode(target, proposer, prompts, max_new_tokens: int = 64,
                 if len(result.tokens[i]) < max_new_tokens and not hit:
                     keep_rows.append(r)
             if len(keep_rows) < len(alive):
+                bar.update(len(alive) - len(keep_rows))
+                bar.set_postfix(accept=f"{result.acceptance_length:.2f}")
                 idx = torch.tensor(keep_rows, dtype=torch.long, device=dev)
                 sess.select(idx)
                 nxt = nxt[idx]
                 alive = [alive[r] for r in keep_rows]
             current = nxt
+    bar.close()
     return result
 
 
