@@ -63,3 +63,26 @@ def test_regenerate_reads_benchmark_files_as_prompt_only_conversations(tmp_path)
     assert req.turn == 1 and req.messages[0]["content"].startswith("w1 w2 w3\nPlease reason")
     mt, _ = read_conversations([_file(tmp_path, "mtbench", ROWS["mtbench"])], fmt="mtbench")
     assert num_rounds(mt, "each") == 2  # each turn's reply regenerated in order
+
+
+def test_the_prompt_set_is_seeded_mixed_checkable_and_regenerate_reads_it(tmp_path):
+    import re
+    from dflash.data.prompt_gen import make_prompt, write_prompts
+    path = write_prompts(25, tmp_path / "p.jsonl", seed=3)
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert rows == [make_prompt(i, 3) for i in range(25)] != [make_prompt(i, 4) for i in range(25)]
+    assert {r["kind"] for r in rows} == {"arithmetic", "rewrite", "list", "explain", "code"}
+    for r in rows:
+        if r["kind"] != "arithmetic":
+            continue
+        text = r["messages"][0]["content"]
+        nums = [int(x) for x in re.findall(r"\d+", text)]
+        if "buys" in text:
+            assert int(r["answer"]) == nums[0] + nums[1] - nums[2]
+        elif "boxes" in text:
+            assert int(r["answer"]) == nums[0] * nums[1]
+        else:
+            assert int(r["answer"]) * nums[1] == nums[0]
+    convs, skipped = read_conversations([path])
+    assert len(convs) == 25 and not skipped  # prompts only: each gets its reply as a final turn
+    assert all(c.messages[-1] == {"role": "assistant", "content": ""} for c in convs)
