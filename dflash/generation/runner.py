@@ -51,7 +51,7 @@ class Regeneration:
     def manifest(self) -> dict:
         c = self.cfg
         return {"inputs": input_identity(c.inputs), "turns": str(c.turns),
-                "format": str(c.get("format", "chat")),
+                "format": str(c.format),
                 "chat_template_kwargs": dict(c.chat_template_kwargs),
                 "temperature": float(c.temperature), "top_p": float(c.top_p),
                 "max_new_tokens": int(c.max_new_tokens), "seed": int(c.seed),
@@ -62,7 +62,7 @@ class Regeneration:
     def run(self, out: Path) -> dict:
         c = self.cfg
         t0 = time.perf_counter()
-        convs, skipped = read_conversations(c.inputs, str(c.bad_lines), str(c.get("format", "chat")))
+        convs, skipped = read_conversations(c.inputs, str(c.bad_lines), str(c.format))
         lines_read = len(convs) + len(skipped)  # non-empty input lines
         store = PartStore(Path(str(out) + ".parts"), self.manifest())
         dropped: set = set()
