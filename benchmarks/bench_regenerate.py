@@ -34,7 +34,8 @@ import torch  # noqa: E402
 
 from dflash.config import compose  # noqa: E402
 from dflash.eval.decode import DrafterProposer  # noqa: E402
-from dflash.generation.local import LocalBackend, PromptLookupProposer  # noqa: E402
+from dflash.eval.decode import PromptLookupProposer  # noqa: E402
+from dflash.generation.local import LocalBackend  # noqa: E402
 from dflash.generation.runner import plan_batches  # noqa: E402
 
 QUIET = ["logger.progress=false"]

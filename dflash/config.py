@@ -50,6 +50,7 @@ LossNorm = options("LossNorm", LOSS_NORMS)
 LossKind = options("LossKind", LOSS_KINDS)
 ExportDtype = options("ExportDtype", EXPORT_DTYPES)
 RegenBackend = options("RegenBackend", ("local", "openai"))
+RegenDecoding = options("RegenDecoding", ("auto", "plain", "lookup"))
 RegenTurns = options("RegenTurns", TURNS)
 TruncatedPolicy = options("TruncatedPolicy", ("keep", "drop"))
 BadLines = options("BadLines", ("skip", "error"))
@@ -224,6 +225,10 @@ class TopologyConfig:
     drafter_devices: List[int] = field(default_factory=list)
     # the CUDA allocator grows segments instead of fragmenting on variable shapes
     expandable_segments: bool = True
+    # > 1: each target replica spans this many consecutive ranks, sharded by
+    # transformers' tensor-parallel plan (dflash/model/tp_target.py); every rank keeps
+    # its own drafter replica and batch. Under torchrun only; must divide the world
+    target_tp: int = 1
 
 
 @dataclass
@@ -459,6 +464,9 @@ class RegenerateConfig:
     bad_lines: BadLines = BadLines.skip
     batching: RegenBatching = field(default_factory=RegenBatching)
     drafter: Optional[str] = None  # a trained dflash drafter: speculative, greedy only
+    # greedy decoding without a drafter: plain (one token a step), lookup (prompt-lookup
+    # drafts, verified) or auto (whichever gives more tokens/s, measured as it runs)
+    decoding: RegenDecoding = RegenDecoding.auto
     seed: int = 0
     progress: bool = True
 
@@ -480,6 +488,26 @@ class EvalAppConfig:
     seed: int = 0
     device: Device = Device.auto
     out: Optional[str] = None  # JSON report
+    # scored on the same prompts, each against the drafter with a paired interval:
+    # untrained (a fresh drafter of the same shape) | lookup (prompt lookup) | ngram
+    baselines: List[str] = field(default_factory=list)
+    ngram_data: Optional[str] = None  # baselines=[ngram]: the data set it counts (training set)
+
+
+@dataclass
+class EndToEndConfig:
+    """`python -m dflash.end_to_end`: regenerate -> prepare -> train -> eval on a real model."""
+    workdir: str = ".cache/dflash/end_to_end/smollm2"  # every stage's output; reruns skip
+    target: Optional[str] = None  # a local HF chat model dir; None: the packaged SmolLM2
+    cache_dir: str = ".cache/dflash"  # where the packaged model is converted, once
+    prompts: int = 160  # training prompts (dflash.data.prompt_gen, seed 0)
+    heldout: int = 24  # eval prompts of the same kinds (seed 1), none in the training set
+    max_new_tokens: int = 128  # per regenerated reply
+    eval_max_new_tokens: int = 64
+    # extra overrides for each app (the recipe's CPU defaults live in end_to_end.yaml)
+    regenerate_args: List[str] = field(default_factory=list)
+    train_args: List[str] = field(default_factory=list)
+    eval_args: List[str] = field(default_factory=list)
 
 
 _GROUPS = {
@@ -517,6 +545,7 @@ def register() -> None:
     cs.store(name="regenerate_schema", node=RegenerateConfig)
     cs.store(name="buckets_schema", node=BucketsAppConfig)
     cs.store(name="eval_schema", node=EvalAppConfig)
+    cs.store(name="end_to_end_schema", node=EndToEndConfig)
     for group, node in _GROUPS.items():
         cs.store(group=group, name=f"{group}_schema", node=node)
 

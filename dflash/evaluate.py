@@ -10,7 +10,9 @@ import hydra
 
 from dflash import config
 from dflash.errors import user_errors_exit
-from dflash.eval.decode import evaluate
+from dflash.comparison.stats import bootstrap_acceptance
+from dflash.eval.baselines import build_baseline, paired_difference
+from dflash.eval.decode import evaluate, speculative_decode
 from dflash.eval.prompts import check_pair, load_prompts
 
 
@@ -36,10 +38,10 @@ def main_app(cfg) -> dict:
     prompts = load_prompts(cfg.prompts, int(cfg.num_prompts), choice(cfg.format), tok)
     check_pair(drafter, target, prompts, f"drafter {cfg.drafter}")
     target.layer_ids = list(drafter.spec.target_layer_ids)  # the checkpoint decides
-    res = evaluate(target, drafter, prompts, int(cfg.max_new_tokens),
-                   temperature=float(cfg.temperature), batch_size=int(cfg.batch_size),
-                   progress="eval",
-                   seed=int(cfg.seed), eos_token_id=getattr(target.config, "eos_token_id", None))
+    baselines = [build_baseline(str(b), drafter, target, cfg.ngram_data) for b in cfg.baselines]
+    decode = dict(temperature=float(cfg.temperature), batch_size=int(cfg.batch_size),
+                  seed=int(cfg.seed), eos_token_id=getattr(target.config, "eos_token_id", None))
+    res = evaluate(target, drafter, prompts, int(cfg.max_new_tokens), progress="eval", **decode)
     # the prompts and generated tokens themselves: losslessness can be checked from the
     # report (greedy: they are the target's own greedy continuation)
     report = {"drafter": str(cfg.drafter), "prompts": str(cfg.prompts),
@@ -47,6 +49,16 @@ def main_app(cfg) -> dict:
               "max_new_tokens": int(cfg.max_new_tokens), **res.as_dict(),
               "prompt_ids": [list(map(int, p)) for p in prompts],
               "tokens": [list(map(int, t)) for t in res.tokens]}
+    report["interval"] = bootstrap_acceptance(res.per_prompt, report["per_prompt_steps"])
+    report["baselines"] = {}
+    for name, proposer in zip(cfg.baselines, baselines):
+        b = speculative_decode(target, proposer, prompts, int(cfg.max_new_tokens),
+                               progress=f"eval {name}", **decode).as_dict()
+        report["baselines"][str(name)] = {
+            **{k: b[k] for k in ("acceptance_length", "per_prompt", "per_prompt_steps",
+                                 "verify_steps", "generated_tokens")},
+            "interval": bootstrap_acceptance(b["per_prompt"], b["per_prompt_steps"]),
+            "drafter_minus_this": paired_difference(report, b)}
     if cfg.out:
         from pathlib import Path
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
@@ -64,6 +76,16 @@ def format_eval(report: dict) -> str:
     for k, c in enumerate(hist, 1):
         if c:
             lines.append(f"  {k:>2}  {c:>6}  {'#' * max(1, round(40 * c / total))}")
+    if report.get("baselines"):
+        lines.append(f"{'':>12} {'acceptance':>10}  {'95% CI':>13}  drafter minus it (95% CI)")
+        rows = [("drafter", report, None)] + [(n, b, b["drafter_minus_this"])
+                                              for n, b in report["baselines"].items()]
+        for name, r, d in rows:
+            ci = r.get("interval") or {"lo": float("nan"), "hi": float("nan")}
+            diff = "" if d is None else (f"{d['difference']:+.3f} ({d['lo']:+.3f} to "
+                                         f"{d['hi']:+.3f}){'  better' if d['better'] else ''}")
+            lines.append(f"{name:>12} {r['acceptance_length']:10.3f}  {ci['lo']:.2f} to "
+                         f"{ci['hi']:.2f}  {diff}")
     return "\n".join(lines)
 
 

@@ -96,7 +96,8 @@ def format_report(r: dict) -> str:
              f"max_new_tokens ({r['truncated_policy']})",
              f"{r['generated_tokens']:,} tokens generated; this run "
              f"{r['generated_tokens_this_run']:,} in {r['seconds']:.1f} s "
-             f"({r['tokens_per_second']:,.0f} tok/s), {r['batches_resumed']} batches resumed, "
+             f"({r['tokens_per_second']:,.0f} tok/s, decoding {r['decoding']}), "
+             f"{r['batches_resumed']} batches resumed, "
              f"{r['failed_requests_retried']} failed requests asked again"]
     lines += [f"  skipped {s['where']}: {s['reason']}" for s in r["skipped"][:10]]
     return "\n".join(lines)

@@ -24,6 +24,8 @@ class Topology:
     local_rank: int
     target_device: torch.device
     drafter_device: torch.device
+    tp_size: int = 1  # ranks one target replica spans (topology.target_tp)
+    tp_mesh: object = None  # their DeviceMesh, when tp_size > 1
 
     @property
     def is_main(self) -> bool:
@@ -96,8 +98,9 @@ def build_topology(cfg) -> Topology:
         # processes sharing a node's cores (submitit tasks; torchrun sets OMP_NUM_THREADS=1)
         # would each start one thread per core, and oversubscribed cores crawl
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    tp = check_target_tp(cfg, world)
     drafter_device = device
-    if device.type == "cuda" and (world > 1 or cfg.target_devices):
+    if device.type == "cuda" and tp == 1 and (world > 1 or cfg.target_devices):
         ti, di = pair_devices(cfg, local, local_world, torch.cuda.device_count())
         device, drafter_device = torch.device("cuda", ti), torch.device("cuda", di)
     if world > 1 and not torch.distributed.is_initialized():
@@ -106,7 +109,29 @@ def build_topology(cfg) -> Topology:
             torch.cuda.set_device(drafter_device)
         torch.distributed.init_process_group(backend)
         atexit.register(shutdown_process_group)
-    return Topology(rank, world, local, device, drafter_device)
+    mesh = None
+    if tp > 1:  # (dp, tp): a TP group is `tp` consecutive ranks
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
+    return Topology(rank, world, local, device, drafter_device, tp, mesh)
+
+
+def check_target_tp(cfg, world: int) -> int:
+    """topology.target_tp, refused in one line when the world cannot hold it."""
+    tp = int(cfg.target_tp)
+    if tp < 1:
+        raise TopologyError(f"topology.target_tp={tp}: must be 1 or more")
+    if tp > 1 and world == 1:
+        raise TopologyError(f"topology.target_tp={tp} shards the target over {tp} processes "
+                            f"but this is one process (topology {cfg.name}): start them with "
+                            f"torchrun --nproc_per_node={tp} ... topology=pairs")
+    if world % tp:
+        raise TopologyError(f"topology.target_tp={tp} does not divide the {world} processes "
+                            "started (torchrun --nproc_per_node x nodes)")
+    if tp > 1 and cfg.target_devices:
+        raise TopologyError("topology.target_tp > 1 puts each rank on its own device; "
+                            "leave topology.target_devices / drafter_devices empty")
+    return tp
 
 
 # How long the last collectives' worker threads get to let go of their tensors at exit

@@ -104,15 +104,26 @@ class Trainer:
         return (choice(cfg.model.compile) != "off" or choice(cfg.model.loss_impl) == "triton"
                 or "cuda" in (topo.target_device.type, topo.drafter_device.type))
 
+    @property
+    def evaluates(self) -> bool:
+        """Rank 0 measures acceptance; under target_tp every rank decodes in step with
+        its group (a sharded target runs only with all of its ranks)."""
+        return self.topo.is_main or self.topo.tp_size > 1
+
     def _build_sources(self):
         """Rank 0 builds (and caches) the data and fitted target first; the others then
         read its cache instead of racing to write the same files."""
-        dist = self.topo.distributed
+        dist, tp = self.topo.distributed, self.topo.tp_size > 1
+        deferred = []
         if dist and not self.topo.is_main:
             torch.distributed.barrier()
-        sources = build_sources(self.cfg, progress=self.topo.is_main)
+        sources = build_sources(self.cfg, progress=self.topo.is_main,
+                                load_target=deferred.append if tp else None)
         if dist and self.topo.is_main:
             torch.distributed.barrier()
+        if tp:  # every rank of a group loads its shard together (the load talks)
+            from dflash.model.tp_target import TensorParallelTarget
+            sources.target = TensorParallelTarget.load(deferred[0], self.topo.tp_mesh)
         return sources
 
     def epoch_steps(self, epoch: int) -> int:
@@ -276,7 +287,7 @@ class Trainer:
         r = evaluate(self.target, self.drafter, prompts, int(e.max_new_tokens),
                      temperature=float(e.temperature), batch_size=int(e.batch_size),
                      seed=int(e.seed), eos_token_id=getattr(self.target.config, "eos_token_id", None),
-                     progress=label if self.cfg.logger.progress else None)
+                     progress=label if self.cfg.logger.progress and self.topo.is_main else None)
         out = r.as_dict()
         if teacher_forced:
             out["teacher_forced"] = teacher_forced_acceptance(
@@ -293,7 +304,7 @@ class Trainer:
                               run_name=names["run_name"], group=names["group"])
         failed = True
         try:
-            before = self.evaluate(label="eval before training") if topo.is_main else {}
+            before = self.evaluate(label="eval before training") if self.evaluates else {}
             if topo.is_main:
                 logger.log_plan(self.plan_info())
                 logger.log_eval(before, 0)
@@ -306,7 +317,8 @@ class Trainer:
                     write_summary(self.out_dir, summary)
                 failed = False
                 return summary
-            after = self.evaluate(teacher_forced=True, label="eval after training") if topo.is_main else {}
+            after = (self.evaluate(teacher_forced=True, label="eval after training")
+                     if self.evaluates else {})
             gap = acceptance_gap(summary["final_accept_est"], after.get("teacher_forced", {}),
                                  after, float(cfg.eval.temperature)) if after else None
             if gap and gap["warning"]:
@@ -401,7 +413,7 @@ class Trainer:
         if not every or step % every or step >= self.total_steps:
             return
         te = time.perf_counter()
-        point = self.evaluate() if self.topo.is_main else {}
+        point = self.evaluate() if self.evaluates else {}
         dt = time.perf_counter() - te
         meter.exclude(dt)
         if point:

@@ -64,7 +64,7 @@ class TargetSession:
     """The target over a batch of prompts with one KV cache; keeps, per row, the
     committed tokens and their drafter context (hidden states of the chosen layers)."""
 
-    def __init__(self, target, prompts, capacity: int):
+    def __init__(self, target, prompts, capacity: int, capture: bool = True):
         from transformers import DynamicCache
 
         self.target = target
@@ -79,22 +79,27 @@ class TargetSession:
         self.keep = torch.arange(width, device=dev)[None, :] < lens[:, None]  # cache slots in use
         self.lengths = lens.clone()  # committed tokens per row
         self.cache = DynamicCache()
-        n_ctx = len(target.layer_ids) * target.hidden_size
+        # the drafter's context; proposers of token ids (lookup, n-gram) need none
+        self.capture = bool(capture)
+        n_ctx = len(target.layer_ids) * target.hidden_size if capture else 0
         self.ctx = torch.zeros(b, capacity, n_ctx, dtype=target.lm_head_weight.dtype, device=dev)
         self.ids = torch.zeros(b, capacity, dtype=torch.long, device=dev)
         self.ids[:, :width] = ids
         pos = torch.arange(width, device=dev).expand(b, width)
         hidden, ctx = self._forward(ids, pos, self.keep.long())
-        self.ctx[:, :width] = ctx.to(self.ctx.dtype)
+        if capture:
+            self.ctx[:, :width] = ctx.to(self.ctx.dtype)
         last = hidden[torch.arange(b, device=dev), lens - 1]
         self.first_logits = self._logits(last)  # [B, V]: distribution of the first new token
 
     def _forward(self, ids, pos, attention_mask):
-        out, ctx = self.target._run_capturing(
-            lambda: self.target.base(input_ids=ids, position_ids=pos,
-                                     attention_mask=attention_mask,
-                                     cache=self.cache, use_cache=True),
-            stop_early=False)
+        def forward():
+            return self.target.base(input_ids=ids, position_ids=pos,
+                                    attention_mask=attention_mask, cache=self.cache,
+                                    use_cache=True)
+        if not self.capture:
+            return forward().last_hidden_state, None
+        out, ctx = self.target._run_capturing(forward, stop_early=False)
         return out.last_hidden_state, ctx
 
     def _logits(self, hidden):
@@ -115,7 +120,8 @@ class TargetSession:
         self.keep = torch.cat([self.keep, taken], dim=1)
         rows, cols = taken.nonzero(as_tuple=True)
         dest = self.lengths[rows] + cols
-        self.ctx[rows, dest] = ctx[rows, cols].to(self.ctx.dtype)
+        if self.capture:
+            self.ctx[rows, dest] = ctx[rows, cols].to(self.ctx.dtype)
         self.ids[rows, dest] = block[rows, cols]
         self.lengths = self.lengths + n_commit
 
@@ -198,6 +204,33 @@ class NgramProposer:
         return torch.tensor(rows, dtype=torch.long, device=current.device)
 
 
+class PromptLookupProposer:
+    """Drafts the tokens that followed the most recent earlier occurrence of the row's
+    last `order`..1 tokens (prompt lookup decoding); the current token repeated when
+    nothing matches."""
+
+    def __init__(self, block_size: int = 4, order: int = 3):
+        self.block_size, self.order = int(block_size), int(order)
+
+    def drafts(self, session, current: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for r in range(len(current)):
+            hist = session.ids[r, :int(session.lengths[r])].tolist() + [int(current[r])]
+            rows.append(self._lookup(hist))
+        return torch.tensor(rows, dtype=torch.long, device=current.device)
+
+    def _lookup(self, hist: list) -> list:
+        want = self.block_size - 1
+        for n in range(min(self.order, len(hist) - 1), 0, -1):
+            tail = hist[-n:]
+            for start in range(len(hist) - n - 1, -1, -1):
+                if hist[start:start + n] == tail:
+                    out = hist[start + n:start + n + want]
+                    if out:
+                        return out + [out[-1]] * (want - len(out))
+        return [hist[-1]] * want
+
+
 # ---- the decoding loop ---------------------------------------------------------------
 def _sample(probs: torch.Tensor, generator) -> torch.Tensor:
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -209,6 +242,8 @@ def speculative_decode(target, proposer, prompts, max_new_tokens: int = 64,
                        seed: int = 0, progress: str | None = None) -> EvalResult:
     """Generate up to `max_new_tokens` per prompt; returns tokens and acceptance lengths.
     `progress`: a bar with this label counting prompts as they finish (None: silent)."""
+    import time
+
     from tqdm.auto import tqdm
 
     prompts = [list(map(int, p)) for p in prompts]
@@ -221,12 +256,14 @@ def speculative_decode(target, proposer, prompts, max_new_tokens: int = 64,
     for start in range(0, len(prompts), batch_size):
         chunk = list(range(start, min(len(prompts), start + batch_size)))
         cap = max(len(prompts[i]) for i in chunk) + max_new_tokens + bs + 1
-        sess = TargetSession(target, [prompts[i] for i in chunk], cap)
+        sess = TargetSession(target, [prompts[i] for i in chunk], cap,
+                             capture=not hasattr(proposer, "drafts"))
         p0 = sess.first_logits
         current = p0.argmax(-1) if temperature <= 0 else _sample(
             torch.softmax(p0 / temperature, -1), gen)
         alive = list(chunk)  # prompt index of each row still in the batch
         while alive:
+            t_step = time.perf_counter()
             if hasattr(proposer, "drafts"):  # proposes token ids (n-gram, prompt lookup)
                 drafts, q = proposer.drafts(sess, current), None
             else:
@@ -241,7 +278,9 @@ def speculative_decode(target, proposer, prompts, max_new_tokens: int = 64,
             n, nxt = _accept(logits, drafts, q, temperature, gen)
             sess.commit(block, ctx, n + 1)
             keep_rows = []
-            n_host, block_host = n.tolist(), block.tolist()
+            n_host, block_host = n.tolist(), block.tolist()  # (waits for the device)
+            if hasattr(proposer, "observe"):  # a proposer that measures what drafting buys
+                proposer.observe(len(n_host) + sum(n_host), time.perf_counter() - t_step)
             for r, i in enumerate(alive):
                 emitted = block_host[r][:n_host[r] + 1]
                 room = max_new_tokens - len(result.tokens[i])

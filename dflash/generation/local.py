@@ -1,10 +1,12 @@
 """Generation with a local target: batched, KV-cached, finished rows leave the batch.
 
 Greedy decoding runs through dflash's speculative decoder (`dflash.eval.decode`): with a
-trained dflash drafter (`drafter=DIR`) it drafts whole blocks, without one it drafts by
-prompt lookup (the continuation of the latest earlier match of the last tokens, cheap
-and useful on replies that quote their prompt). Both are lossless: the output is the
-target's own greedy decoding (tested). Sampling (temperature > 0, top-p) runs HF
+trained dflash drafter (`drafter=DIR`) it drafts whole blocks; without one `decoding`
+picks plain decoding (one token a step), prompt lookup (the continuation of the latest
+earlier match of the last tokens, cheap and useful on replies that quote their prompt)
+or, by default, whichever of the two gives more tokens/s as measured while it runs
+(`dflash.generation.adaptive`). All are lossless: the output is the target's own greedy
+decoding (tested). Sampling (temperature > 0, top-p) runs HF
 `generate`, seeded per batch so a rerun of a batch writes the same text.
 
 `model.compile=static|dynamic` takes transformers' compiled path for plain decoding
@@ -18,35 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from dflash.eval.decode import DrafterProposer, speculative_decode
+from dflash.eval.decode import DrafterProposer, PromptLookupProposer, speculative_decode
+from dflash.generation.adaptive import AdaptiveProposer
 from dflash.options import choice
-
-
-class PromptLookupProposer:
-    """Drafts the tokens that followed the most recent earlier occurrence of the row's
-    last `order`..1 tokens (prompt lookup decoding); the current token repeated when
-    nothing matches."""
-
-    def __init__(self, block_size: int = 4, order: int = 3):
-        self.block_size, self.order = int(block_size), int(order)
-
-    def drafts(self, session, current: torch.Tensor) -> torch.Tensor:
-        rows = []
-        for r in range(len(current)):
-            hist = session.ids[r, :int(session.lengths[r])].tolist() + [int(current[r])]
-            rows.append(self._lookup(hist))
-        return torch.tensor(rows, dtype=torch.long, device=current.device)
-
-    def _lookup(self, hist: list) -> list:
-        want = self.block_size - 1
-        for n in range(min(self.order, len(hist) - 1), 0, -1):
-            tail = hist[-n:]
-            for start in range(len(hist) - n - 1, -1, -1):
-                if hist[start:start + n] == tail:
-                    out = hist[start + n:start + n + want]
-                    if out:
-                        return out + [out[-1]] * (want - len(out))
-        return [hist[-1]] * want
 
 
 class LocalBackend:
@@ -60,14 +36,23 @@ class LocalBackend:
                    max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, drafter=drafter,
                    pad_id=pad_id, compile_backend=compile_backend,
                    dynamic=choice(cfg.model.compile) == "dynamic",
-                   pad_to_multiple=int(cfg.batching.pad_to_multiple))
+                   pad_to_multiple=int(cfg.batching.pad_to_multiple),
+                   decoding=choice(cfg.decoding))
 
     def __init__(self, target, stop_ids, temperature: float = 0.0, top_p: float = 1.0,
                  max_new_tokens: int = 512, seed: int = 0, drafter=None, pad_id: int = 0,
                  proposer=None, compile_backend: str | None = None, dynamic: bool = False,
-                 pad_to_multiple: int = 64):
+                 pad_to_multiple: int = 64, decoding: str = "auto"):
         self.target, self.stop = target, sorted(set(int(i) for i in stop_ids))
-        self.proposer = proposer  # None: the drafter's if one is given, else prompt lookup
+        # greedy proposer: given, else the drafter's, else by `decoding`; one object for
+        # the whole run, so auto's measurements carry over from batch to batch
+        if proposer is None and drafter is not None:
+            proposer = DrafterProposer(drafter, target)
+        elif proposer is None:
+            proposer = {"plain": lambda: PromptLookupProposer(block_size=1),
+                        "lookup": PromptLookupProposer,
+                        "auto": lambda: AdaptiveProposer(PromptLookupProposer())}[decoding]()
+        self.proposer = proposer
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.max_new_tokens, self.seed = int(max_new_tokens), int(seed)
         self.drafter, self.pad_id = drafter, int(pad_id)
@@ -81,14 +66,24 @@ class LocalBackend:
         if self.compile_backend is not None:
             outs = self._hf_generate(prompts, batch_index, sample=self.temperature > 0)
         elif self.temperature <= 0:
-            proposer = self.proposer or (DrafterProposer(self.drafter, self.target)
-                                         if self.drafter is not None else PromptLookupProposer())
-            res = speculative_decode(self.target, proposer, prompts, self.max_new_tokens,
+            res = speculative_decode(self.target, self.proposer, prompts, self.max_new_tokens,
                                      eos_token_id=self.stop or None, batch_size=len(prompts))
             outs = res.tokens
         else:
             outs = self._hf_generate(prompts, batch_index, sample=True)
         return [self._finish(list(map(int, t))) for t in outs]
+
+    @property
+    def decoding(self) -> str:
+        """How greedy decoding runs (auto: and what it chose)."""
+        if self.compile_backend is not None or self.temperature > 0:
+            return "hf generate" + (" (compiled)" if self.compile_backend else ", sampled")
+        p = self.proposer
+        if isinstance(p, AdaptiveProposer):
+            return f"auto ({p.choice})"
+        if isinstance(p, DrafterProposer):
+            return "drafter"
+        return "plain" if p.block_size == 1 else "lookup"
 
     def _finish(self, toks: list) -> dict:
         stop = set(self.stop)

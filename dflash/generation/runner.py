@@ -106,13 +106,13 @@ class Regeneration:
                    unit="prompt", disable=not (self.cfg.progress and self.rank == 0))
         t0, tokens = time.perf_counter(), 0
         for i in mine:
-            bar.update(len(batches[i]))
             todo = batches[i]
             if store.done(rnd, i):
                 rows = {r["key"]: r for r in store.read_part(rnd, i)}
                 todo = [j for j in batches[i] if "error" in rows[reqs[j].key]]
                 if not todo:
                     stats["batches_resumed"] += 1
+                    bar.update(len(batches[i]))
                     continue
                 stats["failed_requests_retried"] += len(todo)
             else:
@@ -125,6 +125,7 @@ class Regeneration:
             stats["generated_tokens_this_run"] += n
             stats["batches_this_run"] += 1
             rate = tokens / max(time.perf_counter() - t0, 1e-9)
+            bar.update(len(batches[i]))  # counted when written, not when started
             bar.set_postfix(tok_s=f"{rate:.0f}")
             if self.logger is not None:
                 self.logger.log({"round": rnd, "batch": i, "generated_tokens": n,
@@ -169,6 +170,7 @@ class Regeneration:
                   "generated_tokens": int(sum(r["tokens"] for r in results.values())),
                   "seconds": seconds, **stats,
                   "tokens_per_second": stats["generated_tokens_this_run"] / max(seconds, 1e-9),
+                  "decoding": getattr(self.backend, "decoding", "server"),
                   "output": str(out)}
         if self.rank == 0:
             kwargs = dict(c.chat_template_kwargs)

@@ -35,7 +35,7 @@ class Sources:
     mask_token_id: int = 0  # the drafter's mask token, checked absent from the data
 
 
-def _world(cfg, progress: bool) -> Sources:
+def _world(cfg, progress: bool, load_target) -> Sources:
     from dflash.sources.world import World, held_out_prompts, load_world
 
     d = cfg.data
@@ -43,7 +43,7 @@ def _world(cfg, progress: bool) -> Sources:
     lengths, _, report = apply_to_lengths(raw, d.max_seq_len, choice(d.overlong), "world data")
     world = load_world(d, cfg.model.target, lengths, progress=progress)
     tcfg = OmegaConf.merge(cfg.model.target, {"path": str(world.target_dir)})
-    target = Target.from_config(tcfg)
+    target = load_target(tcfg)
     n_eval = int(cfg.eval.num_prompts)
     eval_lengths = synthetic_lengths(max(1, n_eval), d.length_scale, d.min_length, d.seed + 1)
     prompts = held_out_prompts(World(int(d.vocab_size), int(d.period), int(d.slot_size)),
@@ -83,9 +83,12 @@ def prompt_of(tokens: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     return np.asarray(tokens[:max(1, int(sup[0]) if len(sup) else len(tokens))], dtype=np.int64)
 
 
-def build_sources(cfg, progress: bool = True) -> Sources:
+def build_sources(cfg, progress: bool = True, load_target=None) -> Sources:
+    """`load_target(target_cfg)`: how the target is loaded (default Target.from_config;
+    a tensor-parallel run defers it until every rank of its group can load together)."""
+    load_target = load_target or Target.from_config
     if choice(cfg.data.source) == "world":
-        return _world(cfg, progress)
+        return _world(cfg, progress, load_target)
     vocab = target_vocab_size(cfg.model.target)  # a bad model path fails before data work
     data = load_data(cfg.data, need_tokens=True)
     if data.dataset is None:
@@ -106,6 +109,6 @@ def build_sources(cfg, progress: bool = True) -> Sources:
                  len(data.lengths), keep)
     prompts = [prompt_of(*data.dataset.sample(i)) for i in range(keep, len(data.lengths))]
     data = Data(data.lengths[:keep], data.dataset, {**data.info, "held_out": n_eval})
-    target = Target.from_config(cfg.model.target)
+    target = load_target(cfg.model.target)
     return Sources(data, target, prompts, cfg.model.target.path and str(Path(cfg.model.target.path)),
                    mask)

@@ -58,11 +58,17 @@ def test_eval_app_measures_a_checkpoint_and_refuses_a_mismatch(tmp_path, target)
     args = [f"drafter={tmp_path}/drafter", f"prompts={tmp_path}/prompts.jsonl",
             f"model.target.path={tmp_path}/target", "max_new_tokens=10",
             f"out={tmp_path}/r.json", f"hydra.run.dir={tmp_path}/run"]
-    proc = run_module("dflash.eval", *args)
+    proc = run_module("dflash.eval", *args, "baselines=[untrained,lookup]")
     report = json.loads((tmp_path / "r.json").read_text())
     assert len(report["per_prompt"]) == 3 and report["generated_tokens"] == 30
     assert sum(report["histogram"]) == report["verify_steps"]
     assert "acceptance length" in proc.stdout
+    # each baseline on the same prompts, with the drafter's paired difference
+    for name in ("untrained", "lookup"):
+        b = report["baselines"][name]
+        assert len(b["per_prompt"]) == 3 and b["generated_tokens"] == 30
+        d = b["drafter_minus_this"]
+        assert d["lo"] <= d["difference"] <= d["hi"] and name in proc.stdout
     # the report holds the prompts and tokens: losslessness checks from the file alone
     from tests.helpers.decoding import target_greedy
     assert report["prompt_ids"] == _prompts(3)

@@ -46,3 +46,17 @@ def test_rejection_rule():
     for _ in range(20):
         n, nxt = _accept(torch.log(p0.clamp_min(1e-30)), drafts, q, 1.0, g)
         assert int(n) == 0 and int(nxt) != 1
+
+
+def test_the_drafter_beats_a_baseline_only_when_the_paired_interval_says_so():
+    from dflash.eval.baselines import paired_difference
+    steps = [10, 12, 8, 11, 9, 10, 13, 7]
+    base = {"per_prompt": [1.2, 1.1, 1.3, 1.0, 1.2, 1.1, 1.4, 1.0], "per_prompt_steps": steps}
+    same = paired_difference(base, base)
+    assert same["difference"] == 0 and same["lo"] == same["hi"] == 0 and not same["better"]
+    up = {**base, "per_prompt": [x + 0.5 for x in base["per_prompt"]]}
+    d = paired_difference(up, base)
+    assert abs(d["difference"] - 0.5) < 1e-9 and d["better"] and d["lo"] > 0
+    noisy = {**base, "per_prompt": [x + (0.9 if i % 2 else -0.8)
+                                    for i, x in enumerate(base["per_prompt"])]}
+    assert not paired_difference(noisy, base)["better"]

