@@ -25,6 +25,7 @@ from dflash import config
 from dflash.data.loss_mask import end_of_turn_ids
 from dflash.data.prepare import load_tokenizer
 from dflash.errors import ConfigError, user_errors_exit
+from dflash.eval.decode import PromptLookupProposer
 from dflash.generation.runner import Regeneration
 from dflash.model.compile import checked_backend
 from dflash.options import choice
@@ -46,7 +47,14 @@ def build_backend(cfg, tok, topo):
         raise ConfigError("drafter= decodes speculatively (eager); model.compile compiles plain "
                           "decoding: set one of them")
     drafter = None
-    target = Target.from_config(cfg.model.target)
+    if topo.tp_size > 1:  # a target too big for one device: sharded over its TP group
+        from dflash.model.tp_target import TensorParallelTarget
+        if cfg.drafter:
+            raise ConfigError("drafter= with topology.target_tp > 1 is not supported: "
+                              "regenerate with the sharded target alone")
+        target = TensorParallelTarget.load(cfg.model.target, topo.tp_mesh)
+    else:
+        target = Target.from_config(cfg.model.target)
     if cfg.drafter:
         if float(cfg.temperature) > 0:
             raise ConfigError("drafter= accelerates greedy decoding only (temperature=0)")
@@ -60,9 +68,14 @@ def build_backend(cfg, tok, topo):
     stop = set(end_of_turn_ids(tok))
     if tok.eos_token_id is not None:
         stop.add(int(tok.eos_token_id))
-    return LocalBackend.from_config(
+    backend = LocalBackend.from_config(
         cfg, target, stop, drafter, pad_id=tok.pad_token_id or 0,
         compile_backend=None if mode == "off" else checked_backend(str(cfg.model.compile_backend)))
+    if topo.tp_size > 1 and choice(cfg.decoding) == "auto":
+        # the ranks of a TP group must run the same shapes: auto's timing-based switch could
+        # differ between them, so a sharded target decodes plainly unless told otherwise
+        backend.proposer = PromptLookupProposer(block_size=1)
+    return backend
 
 
 def run_regenerate(cfg: DictConfig, out_dir) -> dict:
@@ -71,6 +84,7 @@ def run_regenerate(cfg: DictConfig, out_dir) -> dict:
     export_submitit_env()
     cfg.topology.dp_size = int(os.environ.get("WORLD_SIZE", 1))
     topo = build_topology(cfg.topology)
+    tp = topo.tp_size
     tok_dir = cfg.tokenizer or cfg.model.target.path
     if not tok_dir:
         raise ConfigError("regenerate needs a tokenizer: set tokenizer=DIR or model.target.path")
@@ -82,8 +96,8 @@ def run_regenerate(cfg: DictConfig, out_dir) -> dict:
         logger = build_logger(cfg.logger, Path(out_dir), OmegaConf.to_container(cfg, resolve=True))
     barrier = torch.distributed.barrier if topo.distributed else None
     with torch.no_grad():
-        report = Regeneration(cfg, backend, tok, topo.rank, topo.world_size, barrier, logger).run(
-            Path(cfg.out))
+        report = Regeneration(cfg, backend, tok, topo.rank // tp, topo.world_size // tp,
+                              barrier, logger, writer=topo.is_main).run(Path(cfg.out))
     if logger is not None:
         logger.summary({k: v for k, v in report.items() if isinstance(v, (int, float))})
         logger.finish()

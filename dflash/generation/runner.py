@@ -41,9 +41,13 @@ def plan_batches(reqs: list, max_new_tokens: int, token_budget: int, max_batch_s
 
 class Regeneration:
     def __init__(self, cfg, backend, tok, rank: int = 0, world_size: int = 1, barrier=None,
-                 logger=None):
+                 logger=None, writer: bool | None = None):
+        """`rank`/`world_size`: this replica among the target replicas (under
+        topology.target_tp a replica is a TP group, whose ranks run the same batches);
+        `writer`: whether this process writes the merged output (default: rank 0)."""
         self.cfg, self.backend, self.tok = cfg, backend, tok
         self.rank, self.world = int(rank), int(world_size)
+        self.writer = self.rank == 0 if writer is None else bool(writer)
         self.barrier = barrier or (lambda: None)
         self.logger = logger
         self.remote = bool(backend.remote)
@@ -103,7 +107,7 @@ class Regeneration:
         from tqdm.auto import tqdm
         mine = [i for i in range(len(batches)) if i % self.world == self.rank]
         bar = tqdm(total=sum(len(batches[i]) for i in mine), desc=f"regenerate round {rnd}",
-                   unit="prompt", disable=not (self.cfg.progress and self.rank == 0))
+                   unit="prompt", disable=not (self.cfg.progress and self.writer))
         t0, tokens = time.perf_counter(), 0
         for i in mine:
             todo = batches[i]
@@ -172,7 +176,7 @@ class Regeneration:
                   "tokens_per_second": stats["generated_tokens_this_run"] / max(seconds, 1e-9),
                   "decoding": getattr(self.backend, "decoding", "server"),
                   "output": str(out)}
-        if self.rank == 0:
+        if self.writer:
             kwargs = dict(c.chat_template_kwargs)
             write_jsonl(out, [output_record(x, str(c.turns), results, kwargs) for x in kept])
             Path(str(out) + ".report.json").write_text(json.dumps(report, indent=2))
