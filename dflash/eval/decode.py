@@ -79,6 +79,12 @@ class TargetSession:
         self.keep = torch.arange(width, device=dev)[None, :] < lens[:, None]  # cache slots in use
         self.lengths = lens.clone()  # committed tokens per row
         self.cache = DynamicCache()
+        # a sliding-window target measures its window in cache slots: keep them in place
+        tc = target.config
+        sliding = any("sliding" in str(t) for t in (getattr(tc, "layer_types", None) or ())) or (
+            getattr(tc, "sliding_window", None) is not None
+            and getattr(tc, "use_sliding_window", True))
+        self.compactable = not sliding
         # the drafter's context; proposers of token ids (lookup, n-gram) need none
         self.capture = bool(capture)
         n_ctx = len(target.layer_ids) * target.hidden_size if capture else 0
@@ -124,6 +130,23 @@ class TargetSession:
             self.ctx[rows, dest] = ctx[rows, cols].to(self.ctx.dtype)
         self.ids[rows, dest] = block[rows, cols]
         self.lengths = self.lengths + n_commit
+
+    def compact(self, waste: float = 0.5) -> None:
+        """Drop the cache slots no row keeps (rejected drafts, padding) once they are more
+        than `waste` of the cache: at low acceptance most of a block's slots are
+        rejected, and a cache that keeps them grows by the block size a step, so every
+        later step attends over and copies them. Kept slots move to the front of each
+        row; the order of old slots does not matter (their positions are in the keys'
+        rotary phases, and every new slot comes after all of them)."""
+        n = self.keep.sum(1)
+        width = int(n.max())
+        if not self.compactable or width > (1 - waste) * self.keep.shape[1]:
+            return
+        order = torch.argsort((~self.keep).to(torch.int8), dim=1, stable=True)[:, :width]
+        for layer in self.cache.layers:
+            idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+        self.keep = torch.arange(width, device=self.device)[None, :] < n[:, None]
 
     def select(self, rows: torch.Tensor):
         """Drop finished rows from the batch (and from the cache)."""
@@ -277,6 +300,7 @@ def speculative_decode(target, proposer, prompts, max_new_tokens: int = 64,
             logits, ctx = sess.verify(block)
             n, nxt = _accept(logits, drafts, q, temperature, gen)
             sess.commit(block, ctx, n + 1)
+            sess.compact()
             keep_rows = []
             n_host, block_host = n.tolist(), block.tolist()  # (waits for the device)
             if hasattr(proposer, "observe"):  # a proposer that measures what drafting buys
