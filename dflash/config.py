@@ -120,7 +120,8 @@ class DrafterConfig:
     # above the truth: SmolLM2-135M's first loss is 53.5 against ln(49,152) = 10.8. At 0
     # every first logit is 0 (first loss ln V exactly), but AdamW grows the weight by
     # ~lr a step, which slowed the world's run (acceptance 1.98 against ~2.9 after 320
-    # steps), so 1 stays the default until a real-model A/B says otherwise
+    # steps), so 1 stays the tiny world's default; model=hf starts at 0.05, the best of
+    # a real-model A/B (conf/model/hf.yaml)
     norm_init: float = 1.0
     # layer layout, as the public drafter configs write it: per layer full_attention |
     # sliding_attention (null: all full), the window W (a query at q sees q - (W - 1)

@@ -7,11 +7,8 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from safetensors.torch import load_file
 
 from dflash.topology import shutdown_process_group
-from tests.helpers.paths import REPO
-from tests.helpers.run import WORLD, torchrun_ok
 
 FAMILIES = ("qwen3", "llama")
 
@@ -82,32 +79,45 @@ def test_two_tp_ranks_give_the_hidden_states_of_one_process(tmp_path):
     assert len(worst) == 2 * 3 and all(v < 1e-5 for v in worst.values()), worst
 
 
-def _train(tmp_path, cache, name, tp):
-    import subprocess
-    import sys
-    out = tmp_path / name
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "-m", "dflash.train", *WORLD, f"data.cache_dir={cache}", "topology=pairs",
-           "topology.device=cpu", f"topology.target_tp={tp}", "optim.max_steps=8",
-           "logger.progress=false", "logger.log_every=1", "eval.enabled=false",
-           f"hydra.run.dir={out}"]
-    torchrun_ok(subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True,
-                               timeout=300))
-    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()
-              if "loss" in json.loads(line)]
-    return losses, load_file(out / "drafter" / "model.safetensors"), json.loads(
-        (out / "summary.json").read_text())
+def _train_rank(rank, world, port, cache, out, result):
+    """Both runs in one pair of processes (one start, one world load): without TP, then
+    with the target sharded over the two ranks."""
+    from dflash.loggers import JsonlLogger
+    from tests.helpers.run import build_trainer
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    runs = {}
+    try:
+        for tp in (1, 2):
+            tr = build_trainer(cache, out / str(tp), "logger.progress=false", "eval.enabled=false",
+                               "logger.log_every=1", "topology=pairs", "topology.device=cpu",
+                               f"topology.target_tp={tp}", "optim.max_steps=8")
+            summary = tr.train(JsonlLogger(out / str(tp) / "metrics.jsonl"))
+            if rank == 0:
+                lines = (out / str(tp) / "metrics.jsonl").read_text().splitlines()
+                runs[tp] = ([json.loads(x)["loss"] for x in lines if "loss" in json.loads(x)],
+                            {k: v.detach().clone() for k, v in tr.drafter.state_dict().items()},
+                            summary["steps"], type(tr.target).__name__)
+        if rank == 0:
+            torch.save(runs, result)
+        torch.distributed.barrier()
+    finally:
+        shutdown_process_group()  # as dflash's own ranks end
 
 
 @pytest.mark.slow
 def test_training_with_a_tp_target_equals_training_without(tmp_path, world_cache):
-    """2 ranks, each its own batches: the target sharded 2 ways or whole on each rank.
+    """2 ranks, each its own batches: the target whole on each rank, or sharded 2 ways.
     Same steps, losses step by step within 1e-4 (the TP all-reduce sums in another
     order), final weights allclose."""
-    base_l, base_w, base_s = _train(tmp_path, world_cache, "no_tp", 1)
-    tp_l, tp_w, tp_s = _train(tmp_path, world_cache, "tp", 2)
-    assert len(base_l) == len(tp_l) == 8 and base_s["steps"] == tp_s["steps"] == 8
+    from tests.integration.test_distributed_plans import _free_port
+    mp.spawn(_train_rank, args=(2, _free_port(), world_cache, tmp_path, str(tmp_path / "r.pt")),
+             nprocs=2)
+    runs = torch.load(tmp_path / "r.pt")
+    (base_l, base_w, base_n, base_t), (tp_l, tp_w, tp_n, tp_t) = runs[1], runs[2]
+    assert (base_t, tp_t) == ("Target", "TensorParallelTarget")
+    assert len(base_l) == len(tp_l) == 8 and base_n == tp_n == 8
     assert max(abs(a - b) for a, b in zip(base_l, tp_l)) < 1e-4, (base_l, tp_l)
     assert base_l[0] > base_l[-1]  # it trained
     assert all(torch.allclose(base_w[k], tp_w[k], atol=1e-4) for k in base_w)

@@ -1,0 +1,90 @@
+"""Regenerate's greedy decodings on a real chat model, on the same batches: HF `generate`,
+plain (one token a step), prompt lookup (blocks of 4) and auto (the default).
+
+    make real-deps && python benchmarks/bench_regenerate_real.py [--prompts 48] [--max-new 96]
+        [--model DIR] [--json PATH]
+
+The prompts are the project's prompt set (`dflash.data.prompt_gen`, seed 1) rendered with
+the model's chat template; the batches are regenerate's own plan (`plan_batches`, the
+default token budget and batch cap, or --cap). Each decoding runs through regenerate's
+local backend; every output is compared token for token with HF greedy `generate` on the
+same batch. Default model: SmolLM2-135M-Instruct from its pip package.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout
+
+import torch  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=48)
+    ap.add_argument("--max-new", type=int, default=96)
+    ap.add_argument("--cap", type=int, default=64, help="rows per batch (regenerate's default)")
+    ap.add_argument("--model")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    from dflash.model.gguf import convert_gguf, packaged_gguf
+    from dflash.config import TargetConfig
+    from dflash.data.loss_mask import end_of_turn_ids
+    from dflash.data.prompt_gen import make_prompt
+    from dflash.generation.local import LocalBackend
+    from dflash.generation.runner import plan_batches
+    from dflash.model.target import Target
+
+    repo = Path(__file__).resolve().parents[1]
+    path = Path(a.model) if a.model else convert_gguf(
+        *packaged_gguf(), repo / ".cache" / "dflash" / "smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(str(path))
+    target = Target.from_config(OmegaConf.structured(TargetConfig(path=str(path)))).eval()
+    prompts = []
+    for i in range(a.prompts):
+        ids = tok.apply_chat_template(make_prompt(i, 1)["messages"], add_generation_prompt=True,
+                                      tokenize=True)
+        prompts.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
+    stop = sorted(set(end_of_turn_ids(tok)) | {int(tok.eos_token_id)})
+    batches = plan_batches([SimpleNamespace(prompt_ids=p) for p in prompts], a.max_new,
+                           65536, a.cap)
+    print(f"{path.name}: {len(prompts)} prompts in {len(batches)} batches "
+          f"({[len(b) for b in batches]} rows), max_new_tokens {a.max_new}, "
+          f"{torch.get_num_threads()} threads", flush=True)
+    rows, ref = [], None
+    with torch.no_grad():
+        for name in ("hf generate", "plain", "lookup", "auto"):
+            be = LocalBackend(target, stop, max_new_tokens=a.max_new,
+                              decoding="auto" if name == "hf generate" else name)
+            t0, out = time.perf_counter(), {}
+            for bi, idx in enumerate(batches):
+                batch = [prompts[i] for i in idx]
+                res = ([be._finish(list(map(int, t))) for t in be._hf_generate(batch, bi, False)]
+                       if name == "hf generate" else be.generate(batch, bi))
+                out.update({i: r for i, r in zip(idx, res)})
+            sec = time.perf_counter() - t0
+            toks = sum(r["tokens"] for r in out.values())
+            ids = [out[i]["ids"] for i in range(len(prompts))]
+            ref = ids if ref is None else ref
+            same = sum(x == y for x, y in zip(ids, ref))
+            rows.append({"decoding": be.decoding if name != "hf generate" else name,
+                         "seconds": sec, "tokens": toks, "tokens_per_second": toks / sec,
+                         "equal_to_hf_greedy": same, "rows": len(ids)})
+            r = rows[-1]
+            print(f"{r['decoding']:>16}: {toks:6d} tokens in {sec:6.1f} s = "
+                  f"{r['tokens_per_second']:6.1f} tok/s ({r['tokens_per_second'] / rows[0]['tokens_per_second']:.2f}x"
+                  f" HF), {same}/{len(ids)} rows equal to HF greedy", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
