@@ -505,10 +505,12 @@ class EndToEndConfig:
     heldout: int = 24  # eval prompts of the same kinds (seed 1), none in the training set
     max_new_tokens: int = 128  # per regenerated reply
     eval_max_new_tokens: int = 64
-    # extra overrides for each app (the recipe's CPU defaults live in end_to_end.yaml)
-    regenerate_args: List[str] = field(default_factory=list)
-    train_args: List[str] = field(default_factory=list)
-    eval_args: List[str] = field(default_factory=list)
+    # each app's own keys, nested as in its config (the recipe's CPU defaults live in
+    # end_to_end.yaml): train.epochs=16, train.model.drafter.num_layers=2,
+    # +train.optim.weight_decay=0.01, +regenerate.batching.max_batch_size=32
+    regenerate: Dict[str, Any] = field(default_factory=dict)
+    train: Dict[str, Any] = field(default_factory=dict)
+    eval: Dict[str, Any] = field(default_factory=dict)
 
 
 _GROUPS = {

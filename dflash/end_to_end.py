@@ -19,6 +19,7 @@ each stage measured.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -84,6 +85,20 @@ def write_prompt_sets(work: Path, n_train: int, n_heldout: int) -> None:
         (work / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def overrides(keys, prefix: str = "") -> list:
+    """A nested dict of an app's keys -> its command-line overrides (a.b.c=value)."""
+    from omegaconf import OmegaConf
+    out = []
+    for k, v in (OmegaConf.to_container(keys, resolve=True) if OmegaConf.is_config(keys)
+                 else keys).items():
+        if isinstance(v, dict):
+            out += overrides(v, f"{prefix}{k}.")
+        else:
+            text = json.dumps(v) if isinstance(v, (bool, list)) or v is None else str(v)
+            out.append(f"{prefix}{k}={text}")
+    return out
+
+
 def target_dir(cfg, work: Path) -> Path:
     if cfg.target:
         path = Path(str(cfg.target))
@@ -106,25 +121,28 @@ def run(cfg: DictConfig) -> dict:
     model = ["model=hf", f"model.target.path={tgt}"]
     regen = [f"inputs=[{work / 'prompts.jsonl'}]", f"out={work / 'replies.jsonl'}", *model,
              f"max_new_tokens={int(cfg.max_new_tokens)}", f"hydra.run.dir={work / 'regenerate'}",
-             *cfg.regenerate_args]
+             *overrides(cfg.regenerate)]
     st.run("regenerate", regen, lambda: app("dflash.regenerate", regen))
     prep = ["--jsonl", work / "replies.jsonl", "--tokenizer", tgt, "--out", work / "data"]
     st.run("prepare", list(map(str, prep)), lambda: app("dflash.data.prepare", prep))
-    train = [*model, "data=tokenized", f"data.path={work / 'data'}", "eval.enabled=false",
-             "resume=auto", "checkpoint.every_minutes=2", f"hydra.run.dir={work / 'train'}",
-             *cfg.train_args]
+    keys = [*model, "data=tokenized", f"data.path={work / 'data'}", "eval.enabled=false",
+            *overrides(cfg.train)]
+    # a run dir per training config: a killed run resumes (resume=auto), a changed one
+    # starts afresh beside it instead of being refused as a changed plan
+    run_dir = work / ("train-" + hashlib.sha1(" ".join(keys).encode()).hexdigest()[:8])
+    train = [*keys, "resume=auto", "checkpoint.every_minutes=2", f"hydra.run.dir={run_dir}"]
     st.run("train", train, lambda: app("dflash.train", train))
-    ev = [f"drafter={work / 'train' / 'drafter'}", *model, f"prompts={work / 'heldout.jsonl'}",
+    ev = [f"drafter={run_dir / 'drafter'}", *model, f"prompts={work / 'heldout.jsonl'}",
           "format=chat", f"max_new_tokens={int(cfg.eval_max_new_tokens)}",
           "baselines=[untrained,lookup,ngram]", f"ngram_data={work / 'data'}",
-          f"out={work / 'eval.json'}", f"hydra.run.dir={work / 'eval'}", *cfg.eval_args]
+          f"out={work / 'eval.json'}", f"hydra.run.dir={work / 'eval'}", *overrides(cfg.eval)]
     st.run("eval", ev, lambda: app("dflash.eval", ev))
-    return summarize(work, st.seconds)
+    return summarize(work, run_dir, st.seconds)
 
 
-def summarize(work: Path, seconds: dict) -> dict:
+def summarize(work: Path, run_dir: Path, seconds: dict) -> dict:
     regen = json.loads((work / "replies.jsonl.report.json").read_text())
-    train = json.loads((work / "train" / "summary.json").read_text())
+    train = json.loads((run_dir / "summary.json").read_text())
     ev = json.loads((work / "eval.json").read_text())
     vocab = int(train["model"]["vocab_size"])
     out = {"stage_seconds": seconds, "total_seconds": sum(seconds.values()),

@@ -37,3 +37,19 @@ def test_an_ngram_baseline_without_its_data_is_refused():
         build_baseline("ngram", tiny_drafter(target), target, None)
     with pytest.raises(ConfigError, match="unknown baseline 'typo'"):
         build_baseline("typo", tiny_drafter(target), target, None)
+
+
+def test_each_stage_takes_its_apps_keys_nested_as_in_its_config():
+    from dflash.config import compose
+    from dflash.end_to_end import overrides
+    cfg = compose("end_to_end", ["train.epochs=16", "train.model.drafter.num_layers=2",
+                                 "+train.optim.weight_decay=0.01", "+eval.baselines=[lookup]",
+                                 "+regenerate.progress=false"])
+    train = overrides(cfg.train)
+    assert "epochs=16" in train and "model.drafter.num_layers=2" in train
+    assert "optim.weight_decay=0.01" in train and "model.drafter.block_size=8" in train
+    assert overrides(cfg.eval) == ['baselines=["lookup"]']
+    assert overrides(cfg.regenerate) == ["progress=false"]
+    # each is a valid override of its app
+    compose("train", train)
+    compose("eval", overrides(cfg.eval))
