@@ -9,7 +9,8 @@ against dense SDPA; bf16 autocast drafter loss against fp32; the pipeline on CUD
 streams against the sequential loop; training with `model.compile=static|dynamic`
 after warmup (no compile after step 1); NCCL `pairs` through torchrun when 2+ GPUs;
 regenerate's compiled static-cache decoding against its eager decoder; flex masks of
-sliding and causal layers; the step cost of each objective and of sliding layouts.
+sliding and causal layers; the step cost of each objective and of sliding layouts; the
+production step at the published Qwen3-8B sizes (random bf16 weights built on the GPU).
 """
 from __future__ import annotations
 
@@ -276,6 +277,58 @@ def nccl(dev):
     return f"2 ranks, {s['steps']} steps each, replicas identical ({s['replica_digests'][0]})"
 
 
+QWEN3_8B = {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "intermediate_size": 12288, "vocab_size": 151936}
+BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense, no sparsity
+
+
+@check("production_shape_qwen3_8b")
+def production_shape(dev):
+    """The production step at the published Qwen3-8B sizes, random bf16 weights built on
+    the GPU (no download): the 5-layer drafter, block 16, 512 anchors, token budget
+    49,152 / 64 rows, seed6 buckets, flex attention, warmup=top_k (4 shapes: the compile
+    seconds per shape decide what coverage would cost), one GPU for both
+    stages. Real tokens/s, samples/s, peak memory, each stage's achieved TFLOP/s and its
+    fraction of the chip's bf16 peak, compile seconds per warm shape."""
+    if dev.type != "cuda":
+        return "skip: needs a GPU (an 8B-size target)"
+    from dflash.loggers import Logger
+    out = tempfile.mkdtemp()
+    sizes = [f"model.target.{k}={v}" for k, v in QWEN3_8B.items()]
+    r = _runner(["experiment=production", "data=synthetic", "data.num_samples=4000",
+                 "data.max_seq_len=3072", "logger=none", "model.target.path=null", *sizes,
+                 "model.target.build_device=cuda", "optim.max_steps=40", "resume=never",
+                 "checkpoint.every_minutes=0", "topology=single_gpu", "warmup=top_k",
+                 "warmup.top_k=4"],
+                out)
+    torch.cuda.reset_peak_memory_stats(dev)
+    s = r.train(Logger())
+    steps, tok = s["steps"], s["real_tokens"]
+    sm = s["stage_ms"]
+    spec = r.drafter.spec
+    # forward FLOPs: 2 x weights x tokens (the target stops after its last tapped layer);
+    # the drafter trains (x3) over anchors x block positions per row, LM head included
+    h, layers = QWEN3_8B["hidden_size"], max(spec.target_layer_ids) + 1
+    per_layer = 2 * h * (h + 2 * 1024 + h) + 2 * 3 * h * QWEN3_8B["intermediate_size"]
+    t_flops = per_layer * layers * tok / steps
+    rows = tok / max(1, s["samples_seen"])  # mean real length
+    pos = spec.num_anchors * spec.block_size * s["samples_seen"] / steps
+    d_layer = 2 * h * (h + 2 * 1024 + h) + 2 * 3 * h * QWEN3_8B["intermediate_size"]
+    d_flops = 3 * pos * (spec.num_layers * d_layer + 2 * h * QWEN3_8B["vocab_size"])
+    name = torch.cuda.get_device_name(dev)
+    peak = next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), float("nan"))
+    t_tf = t_flops / (sm["time_target_ms"] / 1e3) / 1e12
+    d_tf = d_flops / (sm["time_drafter_ms"] / 1e3) / 1e12
+    w = s["warmup"]
+    per_shape = w["seconds"] / max(1, w["num_warm_shapes"])
+    return (f"{steps} steps, {s['tokens_per_second']:,.0f} real tok/s, "
+            f"{s['tokens_per_second'] / rows:.1f} samples/s at mean length {rows:.0f}; "
+            f"peak {torch.cuda.max_memory_allocated(dev) / 2**30:.1f} GiB; target "
+            f"{t_tf:.0f} TFLOP/s ({100 * t_tf / peak:.0f}% of {peak:.0f}), drafter {d_tf:.0f} "
+            f"TFLOP/s ({100 * d_tf / peak:.0f}%); warmup {w['num_warm_shapes']} shapes, "
+            f"{per_shape:.1f} s each; {s['compiles_after_warmup']} compiles after")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -283,8 +336,9 @@ def main() -> int:
     if dev.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, "
               f"{torch.cuda.device_count()} GPU(s)", flush=True)
-    # cheapest first: the compile checks take minutes and come last
-    for fn in (triton_ce, flex, flex_layouts, bf16, step_cost, pipeline, nccl,
+    # cheapest first; the production shape first among the expensive ones; the compile
+    # checks take minutes and come last
+    for fn in (triton_ce, flex, flex_layouts, bf16, production_shape, step_cost, pipeline, nccl,
                objective_cost, regenerate_compiled, compiled_dynamic, compiled_static):
         fn(dev)
     failed = [r for r in RESULTS if r.startswith("FAIL")]

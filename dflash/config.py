@@ -99,6 +99,10 @@ class TargetConfig:
     # that reads documents from position_ids (all of these do); flash/flex skip the
     # cross-document work that sdpa's dense per-row mask still pays for.
     attn_implementation: Optional[str] = None
+    # the in-memory model (path null) is built here: "cuda" builds a large random target
+    # (the published 8B sizes: benchmarks/gpu_check.py) on the GPU, in `dtype`, never in
+    # host fp32 first
+    build_device: str = "cpu"
 
 
 @dataclass

@@ -61,9 +61,18 @@ def build_tiny_qwen3(cfg) -> nn.Module:
                      num_key_value_heads=cfg.num_key_value_heads,
                      head_dim=cfg.hidden_size // cfg.num_attention_heads,
                      max_position_embeddings=8192, tie_word_embeddings=False)
-    with torch.random.fork_rng(devices=[]):
+    dev = torch.device(getattr(cfg, "build_device", "cpu") or "cpu")
+    dtype = getattr(torch, getattr(cfg, "dtype", "float32"))
+    with torch.random.fork_rng(devices=[]), torch.device(dev):
         torch.manual_seed(cfg.seed)
-        lm = Qwen3ForCausalLM(hc)
+        if dev.type == "cuda":
+            torch.cuda.manual_seed(cfg.seed)
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype if dev.type != "cpu" else old)
+        try:
+            lm = Qwen3ForCausalLM(hc)
+        finally:
+            torch.set_default_dtype(old)
     return _set_attention(lm, getattr(cfg, "attn_implementation", None) or "sdpa")
 
 
