@@ -88,17 +88,20 @@ def _train_rank(rank, world, port, cache, out, result):
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     runs = {}
+    common = ["logger.progress=false", "eval.enabled=false", "logger.log_every=1",
+              "topology=pairs", "topology.device=cpu", "optim.max_steps=8",
+              "checkpoint.every_steps=4"]
     try:
-        for tp in (1, 2):
-            tr = build_trainer(cache, out / str(tp), "logger.progress=false", "eval.enabled=false",
-                               "logger.log_every=1", "topology=pairs", "topology.device=cpu",
-                               f"topology.target_tp={tp}", "optim.max_steps=8")
-            summary = tr.train(JsonlLogger(out / str(tp) / "metrics.jsonl"))
+        for tp, name, resume in ((1, "1", "never"), (2, "2", "never"),
+                                 (2, "resumed", str(out / "2" / "checkpoints" / "step-000000004"))):
+            tr = build_trainer(cache, out / name, *common, f"topology.target_tp={tp}",
+                               f"resume={resume}")
+            summary = tr.train(JsonlLogger(out / name / "metrics.jsonl"))
             if rank == 0:
-                lines = (out / str(tp) / "metrics.jsonl").read_text().splitlines()
-                runs[tp] = ([json.loads(x)["loss"] for x in lines if "loss" in json.loads(x)],
-                            {k: v.detach().clone() for k, v in tr.drafter.state_dict().items()},
-                            summary["steps"], type(tr.target).__name__)
+                lines = (out / name / "metrics.jsonl").read_text().splitlines()
+                runs[name] = ([json.loads(x)["loss"] for x in lines if "loss" in json.loads(x)],
+                              {k: v.detach().clone() for k, v in tr.drafter.state_dict().items()},
+                              summary["steps"], type(tr.target).__name__)
         if rank == 0:
             torch.save(runs, result)
         torch.distributed.barrier()
@@ -110,14 +113,18 @@ def _train_rank(rank, world, port, cache, out, result):
 def test_training_with_a_tp_target_equals_training_without(tmp_path, world_cache):
     """2 ranks, each its own batches: the target whole on each rank, or sharded 2 ways.
     Same steps, losses step by step within 1e-4 (the TP all-reduce sums in another
-    order), final weights allclose."""
+    order), final weights allclose; and a TP run resumed from its step-4 checkpoint ends
+    bit-identical to the one that went on."""
     from tests.integration.test_distributed_plans import _free_port
     mp.spawn(_train_rank, args=(2, _free_port(), world_cache, tmp_path, str(tmp_path / "r.pt")),
              nprocs=2)
     runs = torch.load(tmp_path / "r.pt")
-    (base_l, base_w, base_n, base_t), (tp_l, tp_w, tp_n, tp_t) = runs[1], runs[2]
+    (base_l, base_w, base_n, base_t), (tp_l, tp_w, tp_n, tp_t) = runs["1"], runs["2"]
     assert (base_t, tp_t) == ("Target", "TensorParallelTarget")
     assert len(base_l) == len(tp_l) == 8 and base_n == tp_n == 8
     assert max(abs(a - b) for a, b in zip(base_l, tp_l)) < 1e-4, (base_l, tp_l)
     assert base_l[0] > base_l[-1]  # it trained
     assert all(torch.allclose(base_w[k], tp_w[k], atol=1e-4) for k in base_w)
+    # resumed under TP from the step-4 checkpoint: bit-identical to the run that went on
+    res_l, res_w, _, _ = runs["resumed"]
+    assert res_l == tp_l[4:] and all(torch.equal(res_w[k], tp_w[k]) for k in tp_w)
