@@ -63,21 +63,22 @@ class DataConfig:
     # synthetic: generated on the fly (cached on disk); tokenized: a directory written by
     # `dflash.data.prepare`; lengths: a 1-D .npy of sample lengths (planning only).
     source: Source = Source.synthetic
-    path: Optional[str] = None
-    num_samples: int = 2000
+    path: Optional[str] = None  # tokenized: the data set dir; lengths: the .npy file
+    num_samples: int = 2000  # synthetic / world: how many samples
     # Synthetic lengths follow the production profile scaled by this factor, so CPU runs
     # keep the shape of the distribution at a fraction of the tokens.
     length_scale: float = 0.0625
-    min_length: int = 16
-    vocab_size: int = 512
-    max_seq_len: int = 8192
-    overlong: Overlong = Overlong.error
-    seed: int = 0
+    min_length: int = 16  # synthetic / world: the shortest sample
+    vocab_size: int = 512  # synthetic / world: token ids drawn below this
+    max_seq_len: int = 8192  # a sample longer than this meets `overlong`
+    overlong: Overlong = Overlong.error  # truncate | drop | error, for samples over max_seq_len
+    seed: int = 0  # synthetic / world: the data's seed
+    # where generated data and the fitted world target are cached
     cache_dir: str = "${oc.env:DFLASH_CACHE,.cache/dflash}"
     # world: motif slots and the token range of each slot; steps to fit the tiny target
     period: int = 8
     slot_size: int = 8
-    target_fit_steps: int = 500
+    target_fit_steps: int = 500  # world: training steps that fit its tiny target
 
 
 @dataclass
@@ -91,8 +92,8 @@ class TargetConfig:
     num_key_value_heads: Optional[int] = 2
     intermediate_size: Optional[int] = 128
     vocab_size: Optional[int] = 512
-    seed: int = 0
-    dtype: str = "float32"
+    seed: int = 0  # the tiny model's init seed
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the target's weights
     layer_ids: Optional[List[int]] = None  # None: 5 layers spread from 1 to L-3
     # HF attention kernel: sdpa, eager, flex_attention, flash_attention_2, ... None: the
     # tiny model uses sdpa, a local model whatever HF picks for it. Packed rows need one
@@ -107,14 +108,14 @@ class TargetConfig:
 
 @dataclass
 class DrafterConfig:
-    num_layers: int = 1
-    block_size: int = 16
-    num_anchors: int = 512
+    num_layers: int = 1  # drafter decoder layers (the paper: 5 for 8B targets)
+    block_size: int = 16  # tokens a block drafts, the anchor included
+    num_anchors: int = 512  # anchor slots per row (blocks trained per sample)
     # the block's mask input; None: the last embedding row. A drafter must be served
     # with the id it was trained with (model=qwen3_8b sets the public drafters' 151669);
     # a data set holding this id is refused, naming the sample
     mask_token_id: Optional[int] = None
-    seed: int = 0
+    seed: int = 0  # the drafter's init seed and its anchor sampling
     # warm start: a drafter dir in the public DFlash layout (a published drafter, or a
     # run's drafter/) loaded before step 1, weights only (optimizer and schedule fresh);
     # its shape, taps, block size, mask token and vocabulary must match this run's
@@ -132,23 +133,23 @@ class DrafterConfig:
     # .. q), and causal: in-block attention k' <= k in every layer (exported explicitly
     # as is_causal and dflash_config.causal; engines default it differently)
     layer_types: Optional[List[str]] = None
-    sliding_window: Optional[int] = None
-    causal: bool = False
+    sliding_window: Optional[int] = None  # W for sliding_attention layers
+    causal: bool = False  # in-block attention k' <= k in every layer
 
 
 @dataclass
 class ModelConfig:
-    name: str = "tiny"
+    name: str = "tiny"  # the model group's name (recorded in summary.json)
     target: TargetConfig = field(default_factory=TargetConfig)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
-    loss_impl: LossImpl = LossImpl.auto
+    loss_impl: LossImpl = LossImpl.auto  # auto | torch | triton: the fused LM-head loss kernel
     # auto: flex_attention on CUDA; on CPU SDPA per chunk of blocks (chunked), or one
     # dense SDPA mask (sdpa) under torch.compile (dflash/model/masks.py)
     attention: Attention = Attention.auto
     # rows per LM-head chunk; 0: as many as fit loss_chunk_mb of logits at this
     # vocabulary (peak memory then follows the target, see kernels/lm_head_loss.py)
     loss_chunk: int = 0
-    loss_chunk_mb: int = 256
+    loss_chunk_mb: int = 256  # logits memory per chunk when loss_chunk is 0
     # bf16 autocast for the drafter (fp32 master weights); auto: on CUDA only
     autocast: Autocast = Autocast.auto
     # torch.compile of the drafter forward (block mask included): static compiles one
@@ -162,9 +163,9 @@ class ModelConfig:
 
 @dataclass
 class BatchingConfig:
-    strategy: Strategy = Strategy.bucketed
-    token_budget: int = 49152
-    max_batch_size: int = 64
+    strategy: Strategy = Strategy.bucketed  # sorted | random | bucketed | megabatch | packed
+    token_budget: int = 49152  # padded tokens per batch (per rank)
+    max_batch_size: int = 64  # samples per batch at most
     # Windows of this many batches' worth of samples are sorted before packing
     # (megabatch always; bucketed when > 0).
     sort_window: int = 0
@@ -175,12 +176,12 @@ class BatchingConfig:
     # Deal each data-parallel step batches of similar cost (fewer stragglers, less
     # within-step length diversity); cost = padded tokens * (1 + attention_cost * length).
     balance_steps: bool = False
-    attention_cost: float = 3.7e-5
+    attention_cost: float = 3.7e-5  # per-token attention weight in the step cost
     # packed: rows of row_len tokens (0: data.max_seq_len), token_budget // row_len rows
     # a batch but no more than max_batch_size documents a batch on average, first fit
     # over pack_window open rows (batching/packed_rows.py)
     row_len: int = 0
-    pack_window: int = 32
+    pack_window: int = 32  # packed: open rows searched for a fit
     # anchor slots per packed row; 0: as many as the row's documents would get unpacked
     # (packed_rows.anchor_slots_per_row)
     anchors_per_row: int = 0
@@ -188,11 +189,11 @@ class BatchingConfig:
 
 @dataclass
 class BucketsConfig:
-    name: str = "seed6"
+    name: str = "seed6"  # the preset's name
     # fixed: use `boundaries`; geometric | quantile | equal_tokens: computed from the data.
     kind: BucketKind = BucketKind.fixed
-    boundaries: Optional[List[int]] = None
-    num_buckets: int = 6
+    boundaries: Optional[List[int]] = None  # kind=fixed: the bucket edges
+    num_buckets: int = 6  # computed kinds: how many buckets
     # raise the last boundary to data.max_seq_len + 1, so the top bucket holds every
     # length the data config allows (see batching/boundaries.py resolve_boundaries)
     cover_max_len: bool = True
@@ -211,8 +212,8 @@ class WarmupConfig:
     policy: WarmupPolicy = WarmupPolicy.all
     pad_to_multiple: int = 64  # padded lengths round up to this (the model group sets it)
     batch_sizes: List[int] = field(default_factory=list)  # a batch-size menu; []: plan's own
-    top_k: int = 8
-    coverage: float = 0.99
+    top_k: int = 8  # top_k: warm this many most frequent shapes
+    coverage: float = 0.99  # coverage: warm the fewest shapes holding this share of steps
     envelope: bool = True  # top_k / coverage also warm each bucket's envelope shape
     # a compile or autotune run after warmup: warn (counted in summary.json) or stop
     on_compile: OnCompile = OnCompile.warn
@@ -220,8 +221,8 @@ class WarmupConfig:
 
 @dataclass
 class TopologyConfig:
-    name: str = "cpu"
-    device: Device = Device.auto
+    name: str = "cpu"  # the topology's name
+    device: Device = Device.auto  # auto | cpu | cuda
     # data-parallel replicas; each replica runs target stage(s) then drafter stage(s)
     dp_size: int = 1
     # pairs: per local rank, the GPU index of its target and of its drafter (the same
@@ -249,26 +250,26 @@ class PipelineConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = "none"
-    project: str = "dflash"
-    mode: LoggerMode = LoggerMode.disabled
-    log_every: int = 10
+    name: str = "none"  # none | wandb (metrics.jsonl is always written)
+    project: str = "dflash"  # W&B project
+    mode: LoggerMode = LoggerMode.disabled  # W&B mode: online | offline | disabled
+    log_every: int = 10  # steps between metric syncs to the host
     progress: bool = True  # the tqdm bar
     group: Optional[str] = None  # W&B group (a multirun's sweep)
     # the gradient norm costs a reduction over every parameter when grad clipping is off
     grad_norm: bool = True
-    run_name: Optional[str] = None
+    run_name: Optional[str] = None  # W&B run name (null: from the overrides)
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 6e-4
-    warmup_ratio: float = 0.04
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    beta1: float = 0.9
-    beta2: float = 0.95
-    min_lr_ratio: float = 0.0
+    lr: float = 6e-4  # AdamW peak learning rate
+    warmup_ratio: float = 0.04  # linear warmup, share of the steps
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max grad norm (0: off)
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    min_lr_ratio: float = 0.0  # cosine decay floor, share of lr
     max_steps: int = -1  # > 0: stop after this many steps (the schedule spans them)
     # > 0: stop once this many real tokens were trained on (the schedule spans the steps
     # that takes): strategies compared on equal data
@@ -282,13 +283,13 @@ class OptimConfig:
 @dataclass
 class LossConfig:
     """The drafter's objective (`loss=ce|dpace`): a sweep over objectives is one override."""
-    name: str = "ce"
+    name: str = "ce"  # the loss group's name
     # ce: block position k weighs exp(-(k-1)/gamma); dpace: D-PACE's weights
     # w_j = sum_{m>=j} prod_{i<=m} ((1-a) q_i + a), q_i = exp(-CE_i) detached; kl:
     # distillation to the target's distribution
     kind: LossKind = LossKind.ce
-    gamma: float = 7.0
-    dpace_alpha: float = 0.5
+    gamma: float = 7.0  # ce: block position k weighs exp(-(k-1)/gamma)
+    dpace_alpha: float = 0.5  # dpace: a in (1 - a) q + a
     # kl: KL(target || drafter) at every block position, both at this temperature (x T^2),
     # weighted by the ce decay; the target then runs every layer (its final hidden state)
     kl_temperature: float = 1.0
@@ -305,11 +306,11 @@ class EvalConfig:
     # acceptance length by real speculative decoding on held-out prompts, before and
     # after training; the world's prompts come from a seed stream training never sees
     enabled: bool = True
-    num_prompts: int = 16
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    batch_size: int = 16
-    seed: int = 0
+    num_prompts: int = 16  # held-out prompts decoded
+    max_new_tokens: int = 64  # tokens decoded per prompt
+    temperature: float = 0.0  # 0: greedy; > 0: sampled (rejection rule)
+    batch_size: int = 16  # prompts decoded together
+    seed: int = 0  # sampling seed
     every_steps: int = 0  # > 0: also measure during training (eval_curve in summary.json)
 
 
@@ -319,7 +320,7 @@ class CheckpointConfig:
     # wall clock (0: off; with both 0, only on SIGTERM/SIGUSR1). A kill -9 then loses
     # at most that much work, given resume=auto on the rerun
     every_steps: int = 0
-    every_minutes: float = 0.0
+    every_minutes: float = 0.0  # also every M minutes of wall clock (0: off)
     # the exported drafter/ (not the training state, which keeps fp32 master weights):
     # auto = bfloat16 when the drafter trains on CUDA (the public drafters' dtype, half
     # the size), float32 on CPU
@@ -357,8 +358,8 @@ class TrainConfig:
     # auto: the newest valid checkpoint in the run dir (fresh start if none); never;
     # or a checkpoint dir / checkpoints dir
     resume: str = "never"
-    seed: int = 0
-    epochs: int = 1
+    seed: int = 0  # the run's seed (plan shuffles, drafter init)
+    epochs: int = 1  # passes over the data
     # a step cost file (python -m dflash.profile): training logs predicted next to
     # measured step time; refused when measured on other hardware or model sizes
     cost: Optional[str] = None
@@ -366,7 +367,7 @@ class TrainConfig:
 
 @dataclass
 class ProfileSettings:
-    out: str = "cost.json"
+    out: str = "cost.json"  # the step cost file plan / buckets / train read (cost=)
     reps: int = 3  # timed repetitions per shape (after one untimed)
     max_shapes: int = 24  # warm shapes profiled (plus anchor and row variants)
     grid: int = 6  # lengths of the token budget's envelope profiled (full and half batches)
@@ -388,11 +389,11 @@ class PlanConfig(TrainConfig):
     # anchor slots of the shape report and the cost prediction; None: the run's
     # model.drafter.num_anchors
     anchors: Optional[int] = None
-    lengths_file: Optional[str] = None
-    epochs: int = 2
-    seed: int = 0
-    report: Optional[str] = None
-    dump: Optional[str] = None
+    lengths_file: Optional[str] = None  # a .npy of lengths instead of data=
+    epochs: int = 2  # epochs planned
+    seed: int = 0  # the plan's seed
+    report: Optional[str] = None  # write the plan report here
+    dump: Optional[str] = None  # write the batches here
     plot: Optional[str] = None  # PNG of every run in `report`: efficiency vs mixing
 
 
@@ -400,19 +401,20 @@ class PlanConfig(TrainConfig):
 class BucketsAppConfig:
     data: DataConfig = field(default_factory=DataConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
-    lengths_file: Optional[str] = None
+    lengths_file: Optional[str] = None  # a .npy of lengths instead of data=
     num_buckets: str = "6"  # an integer or "auto"
-    auto_gap: float = 0.02
-    auto_max: int = 32
-    quadratic: float = 0.0
-    candidates: int = 256
+    auto_gap: float = 0.02  # auto: stop adding buckets once one saves less than this
+    auto_max: int = 32  # auto: at most this many buckets
+    quadratic: float = 0.0  # attention's share of the cost, per token squared
+    candidates: int = 256  # boundary candidates the optimum is searched over
     # polish the optimum against the exact simulation (batching/bucket_fit/refine.py)
     refine: bool = True
     refine_passes: int = 4
-    out: Optional[str] = None
-    name: Optional[str] = None
-    plot: Optional[str] = None
-    seed: int = 0
+
+    out: Optional[str] = None  # write the fitted preset (a buckets/ YAML) here
+    name: Optional[str] = None  # the preset's name (default: from the file name)
+    plot: Optional[str] = None  # a PNG of the lengths and the boundaries
+    seed: int = 0  # the simulated plan's seed
     # fit to time instead of padding: a step cost file (python -m dflash.profile); the
     # anchor slots per row (None: the profiled maximum), warmup's length rounding, and
     # a cap on distinct (rows, length) shapes for num_buckets=auto (None: no cap)
@@ -428,15 +430,15 @@ class BucketsAppConfig:
 @dataclass
 class RegenBatching:
     token_budget: int = 65536  # prompt + max_new_tokens summed over a batch's rows
-    max_batch_size: int = 64
+    max_batch_size: int = 64  # prompts per batch at most
     # model.compile=static: prompt widths rounded up to this, a bounded set of cache shapes
     pad_to_multiple: int = 64
 
 
 @dataclass
 class OpenAISettings:
-    base_url: str = "http://localhost:8000/v1"
-    model: str = "default"
+    base_url: str = "http://localhost:8000/v1"  # the server's /v1 URL
+    model: str = "default"  # the served model's name
     api_key_env: str = "OPENAI_API_KEY"  # the key is read from this variable
     concurrency: int = 16  # requests in flight
     timeout: float = 120.0  # seconds per request
@@ -455,25 +457,25 @@ class RegenerateConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    backend: RegenBackend = RegenBackend.local
+    backend: RegenBackend = RegenBackend.local  # local (this process) | openai (a server)
     openai: OpenAISettings = field(default_factory=OpenAISettings)
-    turns: RegenTurns = RegenTurns.last
+    turns: RegenTurns = RegenTurns.last  # last | each assistant turn regenerated
     # passed to the chat template (local) or as chat_template_kwargs (server), e.g.
     # {enable_thinking: false} for Qwen3
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    max_new_tokens: int = 2048
+    top_p: float = 1.0  # nucleus sampling (temperature > 0)
+    max_new_tokens: int = 2048  # a reply's length cap (finish_reason length)
     max_seq_len: int = 8192  # prompt + max_new_tokens; longer prompts are skipped
     truncated: TruncatedPolicy = TruncatedPolicy.keep  # a reply that hit max_new_tokens
-    bad_lines: BadLines = BadLines.skip
+    bad_lines: BadLines = BadLines.skip  # skip (counted, named) | error
     batching: RegenBatching = field(default_factory=RegenBatching)
     drafter: Optional[str] = None  # a trained dflash drafter: speculative, greedy only
     # greedy decoding without a drafter: plain (one token a step), lookup (prompt-lookup
     # drafts, verified) or auto (whichever gives more tokens/s, measured as it runs)
     decoding: RegenDecoding = RegenDecoding.auto
-    seed: int = 0
-    progress: bool = True
+    seed: int = 0  # sampling seed
+    progress: bool = True  # a progress bar
 
 
 @dataclass
@@ -487,11 +489,11 @@ class EvalAppConfig:
     tokenizer: Optional[str] = None  # format != prompt_ids; null: model.target.path
     model: ModelConfig = field(default_factory=ModelConfig)
     num_prompts: int = -1  # -1: every prompt in the file
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    batch_size: int = 16
-    seed: int = 0
-    device: Device = Device.auto
+    max_new_tokens: int = 64  # tokens decoded per prompt
+    temperature: float = 0.0  # 0: greedy
+    batch_size: int = 16  # prompts decoded together
+    seed: int = 0  # sampling seed
+    device: Device = Device.auto  # auto | cpu | cuda
     out: Optional[str] = None  # JSON report
     # scored on the same prompts, each against the drafter with a paired interval:
     # untrained (a fresh drafter of the same shape) | lookup (prompt lookup) | ngram
@@ -508,7 +510,7 @@ class EndToEndConfig:
     prompts: int = 160  # training prompts (dflash.data.prompt_gen, seed 0)
     heldout: int = 24  # eval prompts of the same kinds (seed 1), none in the training set
     max_new_tokens: int = 128  # per regenerated reply
-    eval_max_new_tokens: int = 64
+    eval_max_new_tokens: int = 64  # tokens decoded per held-out prompt
     # each app's own keys, nested as in its config (the recipe's CPU defaults live in
     # end_to_end.yaml): train.epochs=16, train.model.drafter.num_layers=2,
     # +train.optim.weight_decay=0.01, +regenerate.batching.max_batch_size=32

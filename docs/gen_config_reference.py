@@ -13,7 +13,7 @@ from dflash import config
 
 APPS = {"train": config.TrainConfig, "plan": config.PlanConfig, "profile": config.ProfileConfig,
         "buckets": config.BucketsAppConfig, "regenerate": config.RegenerateConfig,
-        "eval": config.EvalAppConfig}
+        "eval": config.EvalAppConfig, "end_to_end": config.EndToEndConfig}
 
 
 def field_comments(cls) -> dict[str, str]:
@@ -25,6 +25,7 @@ def field_comments(cls) -> dict[str, str]:
         src = inspect.getsource(klass).splitlines()
         tree = ast.parse("\n".join(src).strip() if src[0].startswith(" ") else "\n".join(src))
         body = tree.body[0].body
+        group, prev_line = [], -2
         for node in body:
             if not isinstance(node, ast.AnnAssign):
                 continue
@@ -34,9 +35,15 @@ def field_comments(cls) -> dict[str, str]:
             while j >= 0 and src[j].strip().startswith("#"):
                 above.insert(0, src[j].strip().lstrip("#").strip())
                 j -= 1
+            if above:
+                group = above
+            elif line != prev_line + 1:  # a blank line ends a comment's group of keys
+                group = []
+            prev_line = line
             text = src[line]
             trailing = text.split("#", 1)[1].strip() if "#" in text.split("=", 1)[-1] else ""
-            out[name] = " ".join(above + ([trailing] if trailing else []))
+            # a key under a comment block shares it until a blank line or the next block
+            out[name] = " ".join((above or ([] if trailing else group)) + ([trailing] if trailing else []))
     return out
 
 
