@@ -542,11 +542,17 @@ def safe_dirname(overrides: str, limit: int = 80) -> str:
     return name
 
 
+# outputs/<dir>/DATE/TIME per app config (the app's config name where not listed)
+OUT_DIRS = {"train": "runs", "bucket_fit": "buckets"}
+
+
 def register() -> None:
     """Register the schemas and the sweep-dir resolver (each app calls this once at
     start; importing the library never touches Hydra's global store)."""
     if not OmegaConf.has_resolver("dflash_dirname"):
         OmegaConf.register_new_resolver("dflash_dirname", safe_dirname)
+    if not OmegaConf.has_resolver("dflash_outdir"):  # conf/hydra/output/dflash.yaml
+        OmegaConf.register_new_resolver("dflash_outdir", lambda app: OUT_DIRS.get(app, app))
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="plan_schema", node=PlanConfig)
