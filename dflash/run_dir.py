@@ -14,9 +14,11 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from dflash.model.checkpoint import save_drafter
+from dflash.run_summary import check_summary
 
 
 def write_summary(out_dir: Path, summary: dict) -> None:
+    check_summary(summary)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(finite(summary), indent=2))
 

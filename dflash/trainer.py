@@ -45,6 +45,7 @@ from dflash.options import choice
 from dflash.pipeline import Pipeline
 from dflash.preemption import SignalStop, requeue_job
 from dflash.resume import Checkpointer, Progress, plan_hash
+from dflash.run_summary import RunSummary, check_summary
 from dflash.run_dir import run_names, write_run_dir, write_summary
 from dflash.sources import build_sources
 from dflash.step import StepPolicy, TrainStep, seeded_generator
@@ -295,7 +296,7 @@ class Trainer:
                 [len(p) for p in prompts], batch_size=int(e.batch_size))
         return out
 
-    def run(self) -> dict:
+    def run(self) -> RunSummary:
         cfg, topo = self.cfg, self.topo
         t_start = time.time()
         resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -345,7 +346,7 @@ class Trainer:
         finally:
             logger.finish(failed)
 
-    def train(self, logger) -> dict:
+    def train(self, logger) -> RunSummary:
         ck = self.checkpointer()
         progress = Progress.restore(saved := ck.load())
         warmed = self.warm()
@@ -446,12 +447,13 @@ class Trainer:
             return seconds
         return predict
 
-    def train_summary(self, progress, meter, guard, monitor, warmed, preempted, depth) -> dict:
+    def train_summary(self, progress, meter, guard, monitor, warmed, preempted,
+                      depth) -> RunSummary:
         seconds = meter.elapsed()
         last = meter.last
         self.batches_seen, self.eval_curve = progress.batches_seen, progress.eval_curve
         predicted = {"predicted_train_seconds": meter.predicted_total} if meter.predict else {}
-        return {**predicted, "steps": progress.step, "samples_seen": meter.samples, "preempted": preempted,
+        return check_summary({**predicted, "steps": progress.step, "samples_seen": meter.samples, "preempted": preempted,
                 "skipped_steps": [s for s, _ in guard.skipped],
                 "resumed_from": progress.resumed_from,
                 "tokens_per_second": meter.tokens / seconds,
@@ -473,7 +475,7 @@ class Trainer:
                 "steps_per_epoch": self.steps_per_epoch, "pipeline_depth": depth,
                 "stage_ms": {k: v for k, v in last.items() if k.startswith("time_")},
                 "data": self.sources.data.info,
-                "target_dir": self.sources.target_dir, "model": self.model_record()}
+                "target_dir": self.sources.target_dir, "model": self.model_record()})
 
     def model_record(self) -> dict:
         """What was trained, read off the models themselves (a local target's sizes are
