@@ -169,80 +169,101 @@ class Pipeline:
 
     def _threaded(self, batches):
         stop = threading.Event()
-        q_host: queue.Queue = queue.Queue(maxsize=max(1, self.prefetch))
-        q_ctx: queue.Queue = queue.Queue(maxsize=self.depth)
-
-        def put(q, x) -> float:
-            t0 = time.perf_counter()
-            while not stop.is_set():
-                try:
-                    q.put(x, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            return time.perf_counter() - t0
-
-        def guarded(fn, out):
-            def body():
-                try:
-                    fn()
-                except BaseException as exc:  # noqa: BLE001  (re-raised in the main thread)
-                    put(out, exc)
-                finally:
-                    put(out, _DONE)
-            return body
-
-        def prefetch():
-            for batch in batches:
-                if stop.is_set():
-                    return
-                put(q_host, self._host(batch))
-
-        def target():
-            if self.split_cores:
-                torch.set_num_threads(self.split_cores[1])
-            with torch.no_grad():
-                t0 = time.perf_counter()
-                while not stop.is_set():
-                    try:
-                        host = q_host.get(timeout=0.1)
-                    except queue.Empty:
-                        continue
-                    if host is _DONE:
-                        return
-                    if isinstance(host, BaseException):
-                        raise host
-                    wait = time.perf_counter() - t0
-                    item = self._target(*host)
-                    item.times["data_wait"] = wait
-                    item.times["target_wait"] = put(q_ctx, item)
-                    t0 = time.perf_counter()
-
-        threads = [threading.Thread(target=guarded(prefetch, q_host), name="dflash-prefetch", daemon=True),
-                   threading.Thread(target=guarded(target, q_ctx), name="dflash-target", daemon=True)]
+        host, ctx = _Channel(max(1, self.prefetch), stop), _Channel(self.depth, stop)
+        threads = [_stage("dflash-prefetch", lambda: self._prefetch_stage(batches, host, stop), host),
+                   _stage("dflash-target", lambda: self._target_stage(host, ctx), ctx)]
         main_threads = torch.get_num_threads()
         if self.split_cores:  # the drafter runs in the caller's thread
             torch.set_num_threads(self.split_cores[0])
         for t in threads:
             t.start()
         try:
-            while True:
+            while True:  # the drafter stage: the caller's loop
                 t0 = time.perf_counter()
-                item = q_ctx.get()
+                item = ctx.get()
                 if item is _DONE:
                     break
-                if isinstance(item, BaseException):
-                    raise item
                 item.times["drafter_wait"] = time.perf_counter() - t0
                 yield self._consume(item)
         finally:
             stop.set()
-            for q in (q_host, q_ctx):  # unblock any put waiting on a full queue
-                while not q.empty():
-                    q.get_nowait()
+            for ch in (host, ctx):  # unblock any put waiting on a full queue
+                ch.drain()
             for t in threads:
                 t.join(timeout=10)
             torch.set_num_threads(main_threads)
+
+    def _prefetch_stage(self, batches, out: "_Channel", stop: threading.Event) -> None:
+        """Plan batches -> padded host tensors, in plan order."""
+        for batch in batches:
+            if stop.is_set():
+                return
+            out.put(self._host(batch))
+
+    def _target_stage(self, inp: "_Channel", out: "_Channel") -> None:
+        """Host tensors -> target context on the drafter's device, in order."""
+        if self.split_cores:
+            torch.set_num_threads(self.split_cores[1])
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            while True:
+                host = inp.get()
+                if host is _DONE:
+                    return
+                wait = time.perf_counter() - t0
+                item = self._target(*host)
+                item.times["data_wait"] = wait
+                item.times["target_wait"] = out.put(item)
+                t0 = time.perf_counter()
+
+
+class _Channel:
+    """A bounded FIFO between two stages that gives up once the run stops. A stage's
+    error travels through it and is raised in the stage that reads it."""
+
+    def __init__(self, size: int, stop: threading.Event):
+        self.q: queue.Queue = queue.Queue(maxsize=size)
+        self.stop = stop
+
+    def put(self, x) -> float:
+        """Seconds blocked on a full queue (the reader is the bottleneck)."""
+        t0 = time.perf_counter()
+        while not self.stop.is_set():
+            try:
+                self.q.put(x, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        return time.perf_counter() - t0
+
+    def get(self):
+        """The next item, _DONE at the end (or once the run stops); a stage's error is
+        raised here."""
+        while not self.stop.is_set():
+            try:
+                item = self.q.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            return item
+        return _DONE
+
+    def drain(self) -> None:
+        while not self.q.empty():
+            self.q.get_nowait()
+
+
+def _stage(name: str, body, out: _Channel) -> threading.Thread:
+    """A stage thread: runs `body`, then closes `out` (its error first, if it raised)."""
+    def run():
+        try:
+            body()
+        except BaseException as exc:  # noqa: BLE001  (re-raised by the reader of `out`)
+            out.put(exc)
+        finally:
+            out.put(_DONE)
+    return threading.Thread(target=run, name=name, daemon=True)
 
 
 class DrafterClock:
