@@ -52,7 +52,7 @@ def main() -> None:
     for i in range(a.prompts):
         ids = tok.apply_chat_template(make_prompt(i, 1)["messages"], add_generation_prompt=True,
                                       tokenize=True)
-        prompts.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     stop = sorted(set(end_of_turn_ids(tok)) | {int(tok.eos_token_id)})
     batches = plan_batches([SimpleNamespace(prompt_ids=p) for p in prompts], a.max_new,
                            65536, a.cap)

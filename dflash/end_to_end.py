@@ -147,6 +147,7 @@ def summarize(work: Path, run_dir: Path, seconds: dict) -> dict:
     vocab = int(train["model"]["vocab_size"])
     out = {"stage_seconds": seconds, "total_seconds": sum(seconds.values()),
            "regenerate": {k: regen[k] for k in ("conversations_written", "generated_tokens",
+                                                 "generated_tokens_this_run",
                                                  "tokens_per_second", "truncated", "decoding")},
            "train": {"steps": train["steps"], "tokens_per_second": train["tokens_per_second"],
                      "initial_loss": train["initial_loss"], "final_loss": train["final_loss"],
@@ -165,8 +166,9 @@ def format_summary(s: dict) -> str:
     lines = ["stage seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in s["stage_seconds"].items())
              + f" (total {s['total_seconds'] / 60:.1f} min)",
              f"regenerate: {r['conversations_written']} replies, {r['generated_tokens']:,} "
-             f"tokens at {r['tokens_per_second']:.1f} tok/s ({r['decoding']}), "
-             f"{r['truncated']} cut at max_new_tokens",
+             + (f"tokens at {r['tokens_per_second']:.1f} tok/s ({r['decoding']}), "
+                if r["generated_tokens_this_run"] else "tokens (every batch resumed from its part), ")
+             + f"{r['truncated']} cut at max_new_tokens",
              f"train: {t['steps']} steps, {t['tokens_per_second']:.0f} real tok/s, loss "
              f"{t['initial_loss']:.2f} -> {t['final_loss']:.2f} (uniform ln V = "
              f"{t['uniform_loss']:.2f})",

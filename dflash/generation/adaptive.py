@@ -7,8 +7,9 @@ plain decoding), on code edits or quoted text many. Which wins depends on the mo
 the data and the device, so `decoding=auto` measures it: steps alternate between plain
 (k = 1) and drafted (k = block) until each has `explore` steps, then the faster by
 tokens per second (a moving average) runs, and the other is re-tried for `explore`
-steps every `recheck` steps, so a change of regime (longer replies, a different kind of
-prompt) is followed. Every step is verified by the target, so the output is its greedy
+steps after `recheck` steps, so a change of regime (longer replies, a different kind of
+prompt) is followed; each re-check that confirms the winner doubles the interval, so
+exploring costs less and less of a long run. Every step is verified by the target, so the output is its greedy
 decoding whichever size runs.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ class AdaptiveProposer:
     """Wraps a token-id proposer (`drafts(session, current)` -> [B, k-1]); each step
     drafts either nothing (plain decoding) or the inner proposer's block."""
 
-    def __init__(self, inner, explore: int = 6, recheck: int = 64, smoothing: float = 0.2):
+    def __init__(self, inner, explore: int = 4, recheck: int = 128, smoothing: float = 0.2):
         self.inner = inner
         self.block_size = int(inner.block_size)  # the widest block a step may verify
         self.sizes = (1, self.block_size)
@@ -27,6 +28,7 @@ class AdaptiveProposer:
         self.steps = {k: 0 for k in self.sizes}
         self.since_check = 0
         self.current = 1
+        self.last_best = None
 
     def choose(self) -> int:
         """The block size of the next step."""
@@ -39,6 +41,9 @@ class AdaptiveProposer:
             other = [k for k in self.sizes if k != best][0]
             self.steps[other] = 0
             self.since_check = 0
+            if best == self.last_best:  # confirmed again: check half as often
+                self.recheck *= 2
+            self.last_best = best
             return other
         return best
 

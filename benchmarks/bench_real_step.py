@@ -1,0 +1,101 @@
+"""Where a training step's time goes on a real model: target forward, drafter, LM-head loss.
+
+    make real-deps && python benchmarks/bench_real_step.py DATA_DIR [--rows 16]
+        [--model DIR] [--anchors 32 64 128] [--blocks 8 16] [--repeats 3]
+
+DATA_DIR: a data set `dflash.data.prepare` wrote for the model (e.g. the real-model
+recipe's `.cache/dflash/end_to_end/smollm2/data`). One batch of its first `--rows`
+samples, padded to the longest; per (anchors, block): the target's context (no grad),
+the drafter forward + backward with a stand-in loss on its hidden states, and the whole
+drafter step (drafter + fused LM-head cross-entropy, forward + backward). The LM head's
+share is the difference. Best of `--repeats` after one warm-up run.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout
+
+import torch  # noqa: E402
+
+
+def best(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("data")
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--model")
+    ap.add_argument("--anchors", type=int, nargs="+", default=[32, 64, 128])
+    ap.add_argument("--blocks", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    from omegaconf import OmegaConf
+
+    from dflash.config import DrafterConfig, TargetConfig
+    from dflash.data.format import TokenDataset
+    from dflash.model.drafter import DFlashDrafter, DrafterSpec
+    from dflash.model.gguf import convert_gguf, packaged_gguf
+    from dflash.model.loss import Objective, block_embeddings, drafter_loss, sample_anchors
+    from dflash.model.target import Target
+
+    repo = Path(__file__).resolve().parents[1]
+    path = Path(a.model) if a.model else convert_gguf(
+        *packaged_gguf(), repo / ".cache" / "dflash" / "smollm2-135m-instruct")
+    target = Target.from_config(OmegaConf.structured(TargetConfig(path=str(path)))).eval()
+    ds = TokenDataset.open(a.data)
+    rows = [ds.sample(i) for i in range(min(a.rows, len(ds)))]
+    s = max(len(t) for t, _ in rows)
+    ids = torch.zeros(len(rows), s, dtype=torch.long)
+    mask = torch.zeros(len(rows), s, dtype=torch.bool)
+    valid = torch.zeros_like(mask)
+    for r, (t, m) in enumerate(rows):
+        ids[r, :len(t)] = torch.tensor(t)
+        mask[r, :len(t)] = torch.tensor(m, dtype=torch.bool)
+        valid[r, :len(t)] = True
+    real = int(valid.sum())
+    t_target = best(lambda: target.context(ids, valid.long()), a.repeats)
+    ctx = target.context(ids, valid.long())
+    print(f"{path.name}: {len(rows)} rows x {s} (real {real} tokens), {torch.get_num_threads()} "
+          f"threads; target forward {t_target:.2f} s ({real / t_target:.0f} tok/s)")
+    print(f"{'anchors':>8} {'block':>6} {'drafter f+b':>12} {'+ LM-head CE':>13} {'LM head share':>14}"
+          f" {'step est.':>10}")
+    for bs in a.blocks:
+        for n in a.anchors:
+            torch.manual_seed(0)
+            d = DFlashDrafter(DrafterSpec.from_target(target, OmegaConf.structured(
+                DrafterConfig(num_layers=1, block_size=bs, num_anchors=n))))
+            ob = Objective(n)
+            anchors = sample_anchors(mask, valid, n, torch.Generator().manual_seed(1))
+
+            def drafter_only():
+                emb = block_embeddings(target.embed_tokens, ids, anchors[0], bs,
+                                       d.spec.mask_token_id)
+                h = d(ctx, valid, anchors[0], anchors[1], emb)
+                h.float().pow(2).mean().backward()
+                d.zero_grad(set_to_none=True)
+
+            def full():
+                out = drafter_loss(d, ctx, target.embed_tokens, target.lm_head_weight, ids,
+                                   mask, valid, ob, anchors=anchors)
+                out.loss.backward()
+                d.zero_grad(set_to_none=True)
+
+            t_d, t_f = best(drafter_only, a.repeats), best(full, a.repeats)
+            print(f"{n:8d} {bs:6d} {t_d:11.2f}s {t_f:12.2f}s {100 * (t_f - t_d) / t_f:13.0f}%"
+                  f" {t_target + t_f:9.2f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
