@@ -35,59 +35,42 @@ def _rows(rank):
     return ids, mask, pos.contiguous()
 
 
-def _rank(rank, world, store, paths, result):
-    import torch.distributed as dist
+def _hidden_diffs(world, paths) -> dict:
+    """Max abs diff of each context of a TP target against the same model whole."""
     from omegaconf import OmegaConf
     from torch.distributed.device_mesh import init_device_mesh
 
     from dflash.config import TargetConfig
     from dflash.model.target import Target
     from dflash.model.tp_target import TensorParallelTarget
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))["tp"]
-        diffs = {}
-        for kind, path in paths.items():
-            cfg = OmegaConf.structured(TargetConfig(path=path))
-            tp, one = TensorParallelTarget.load(cfg, mesh), Target.from_config(cfg)
-            ids, mask, pos = _rows(rank)
-            for name, kw in (("padded", {"attention_mask": mask}), ("packed", {"position_ids": pos}),
-                             ("final", {"attention_mask": mask, "final": True})):
-                d = (tp.context(ids, **kw) - one.context(ids, **kw)).abs().max().item()
-                diffs[f"{kind} {name}"] = d
-            assert torch.equal(tp.lm_head_weight, one.lm_head_weight)
-            assert torch.equal(tp.embed_tokens.weight, one.embed_tokens.weight)
-        every = [None] * world
-        dist.all_gather_object(every, diffs)
-        if rank == 0:
-            torch.save(every, result)
-        dist.barrier()
-    finally:
-        shutdown_process_group()  # as dflash's own ranks end
+    rank = torch.distributed.get_rank()
+    mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))["tp"]
+    diffs = {}
+    for kind, path in paths.items():
+        cfg = OmegaConf.structured(TargetConfig(path=path))
+        tp, one = TensorParallelTarget.load(cfg, mesh), Target.from_config(cfg)
+        ids, mask, pos = _rows(rank)
+        for name, kw in (("padded", {"attention_mask": mask}), ("packed", {"position_ids": pos}),
+                         ("final", {"attention_mask": mask, "final": True})):
+            diffs[f"{kind} {name}"] = (tp.context(ids, **kw) - one.context(ids, **kw)).abs().max().item()
+        assert torch.equal(tp.lm_head_weight, one.lm_head_weight)
+        assert torch.equal(tp.embed_tokens.weight, one.embed_tokens.weight)
+    return diffs
 
 
-def test_two_tp_ranks_give_the_hidden_states_of_one_process(tmp_path):
-    paths = {}
-    for kind in FAMILIES:
-        _save_tiny(kind, tmp_path / kind)
-        paths[kind] = str(tmp_path / kind)
-    mp.spawn(_rank, args=(2, str(tmp_path / "store"), paths, str(tmp_path / "r.pt")), nprocs=2)
-    every = torch.load(tmp_path / "r.pt")
-    worst = {k: max(d[k] for d in every) for k in every[0]}
-    print("max abs diff, TP=2 vs one process (fp32):", worst)
-    assert len(worst) == 2 * 3 and all(v < 1e-5 for v in worst.values()), worst
-
-
-def _train_rank(rank, world, port, cache, out, result):
-    """Both runs in one pair of processes (one start, one world load): without TP, then
-    with the target sharded over the two ranks."""
+def _tp_rank(rank, world, port, cache, out, paths, result):
+    """Every check in one pair of processes (one start): the hidden states, then the
+    training runs without TP, with it, and resumed with it."""
     from dflash.loggers import JsonlLogger
     from tests.helpers.run import build_trainer
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     runs = {}
+    torch.distributed.init_process_group("gloo")
+    every = [None] * world
+    torch.distributed.all_gather_object(every, _hidden_diffs(world, paths))
+    runs["hidden"] = every
     common = ["logger.progress=false", "eval.enabled=false", "logger.log_every=1",
               "topology=pairs", "topology.device=cpu", "optim.max_steps=8",
               "checkpoint.every_steps=4"]
@@ -110,15 +93,24 @@ def _train_rank(rank, world, port, cache, out, result):
 
 
 @pytest.mark.slow
-def test_training_with_a_tp_target_equals_training_without(tmp_path, world_cache):
-    """2 ranks, each its own batches: the target whole on each rank, or sharded 2 ways.
-    Same steps, losses step by step within 1e-4 (the TP all-reduce sums in another
-    order), final weights allclose; and a TP run resumed from its step-4 checkpoint ends
+def test_a_tp_target_gives_one_process_hidden_states_and_training(tmp_path, world_cache):
+    """2 gloo ranks. The target sharded 2 ways gives every rank the hidden states one
+    process computes, for a Qwen3 and a Llama (padded, packed and final contexts). Then
+    each rank trains on its own batches with the target whole or sharded: the same
+    steps, losses step by step within 1e-4 (the TP all-reduce sums in another order),
+    final weights allclose; and a TP run resumed from its step-4 checkpoint ends
     bit-identical to the one that went on."""
     from tests.integration.test_distributed_plans import _free_port
-    mp.spawn(_train_rank, args=(2, _free_port(), world_cache, tmp_path, str(tmp_path / "r.pt")),
-             nprocs=2)
+    paths = {}
+    for kind in FAMILIES:
+        _save_tiny(kind, tmp_path / kind)
+        paths[kind] = str(tmp_path / kind)
+    mp.spawn(_tp_rank, args=(2, _free_port(), world_cache, tmp_path, paths,
+                             str(tmp_path / "r.pt")), nprocs=2)
     runs = torch.load(tmp_path / "r.pt")
+    worst = {k: max(d[k] for d in runs["hidden"]) for k in runs["hidden"][0]}
+    print("max abs diff, TP=2 vs one process (fp32):", worst)
+    assert len(worst) == 2 * 3 and all(v < 1e-5 for v in worst.values()), worst
     (base_l, base_w, base_n, base_t), (tp_l, tp_w, tp_n, tp_t) = runs["1"], runs["2"]
     assert (base_t, tp_t) == ("Target", "TensorParallelTarget")
     assert len(base_l) == len(tp_l) == 8 and base_n == tp_n == 8

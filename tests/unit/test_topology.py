@@ -102,16 +102,21 @@ def test_every_rank_a_test_starts_ends_as_dflash_ranks_do():
     assert {"test_loss_norm_ddp.py", "test_distributed_plans.py"} <= set(starts)
 
 
-@pytest.mark.parametrize("tp, world, words", [
-    (2, 1, "this is one process"), (2, 3, "does not divide the 3 processes"),
-    (0, 2, "must be 1 or more")])
-def test_a_tp_size_the_world_cannot_hold_is_refused_naming_the_key(tp, world, words):
+def test_a_tp_size_the_world_cannot_hold_is_refused_naming_the_key():
+    from omegaconf import OmegaConf
     from dflash.errors import TopologyError
     from dflash.topology import check_target_tp
-    cfg = compose("train", [f"topology.target_tp={tp}"]).topology
-    with pytest.raises(TopologyError, match=f"topology.target_tp={tp}.*{words}|{words}"):
-        check_target_tp(cfg, world)
-    assert check_target_tp(compose("train", ["topology.target_tp=2"]).topology, 4) == 2
+    base = compose("train", ["topology=pairs"]).topology
+    for tp, world, words in ((2, 1, "this is one process"), (2, 3, "does not divide the 3"),
+                             (0, 2, "must be 1 or more")):
+        cfg = OmegaConf.merge(base, {"target_tp": tp})
+        with pytest.raises(TopologyError, match=f"topology.target_tp={tp}.*{words}"):
+            check_target_tp(cfg, world)
+    assert check_target_tp(OmegaConf.merge(base, {"target_tp": 2}), 4) == 2
+    pinned = OmegaConf.merge(base, {"target_tp": 2, "target_devices": [0, 2],
+                                    "drafter_devices": [1, 3]})
+    with pytest.raises(TopologyError, match="target_devices"):
+        check_target_tp(pinned, 4)
 
 
 def _saved(tmp_path, config):
