@@ -73,15 +73,16 @@ def main() -> None:
             sec = time.perf_counter() - t0
             toks = sum(r["tokens"] for r in out.values())
             ids = [out[i]["ids"] for i in range(len(prompts))]
-            ref = ids if ref is None else ref
-            same = sum(x == y for x, y in zip(ids, ref))
-            rows.append({"decoding": be.decoding if name != "hf generate" else name,
-                         "seconds": sec, "tokens": toks, "tokens_per_second": toks / sec,
-                         "equal_to_hf_greedy": same, "rows": len(ids)})
-            r = rows[-1]
-            print(f"{r['decoding']:>16}: {toks:6d} tokens in {sec:6.1f} s = "
-                  f"{r['tokens_per_second']:6.1f} tok/s ({r['tokens_per_second'] / rows[0]['tokens_per_second']:.2f}x"
-                  f" HF), {same}/{len(ids)} rows equal to HF greedy", flush=True)
+            ref = ids if ref is None else ref  # HF generate's, the first
+            rows.append(dict(decoding=name if name == "hf generate" else be.decoding,
+                             seconds=sec, tokens=toks, tokens_per_second=toks / sec,
+                             equal_to_hf_greedy=sum(x == y for x, y in zip(ids, ref)),
+                             rows=len(ids)))
+            hf = rows[0]["tokens_per_second"]
+            print("{decoding:>16}: {tokens:6d} tokens in {seconds:6.1f} s = "
+                  "{tokens_per_second:6.1f} tok/s".format(**rows[-1])
+                  + f" ({rows[-1]['tokens_per_second'] / hf:.2f}x HF), "
+                  f"{rows[-1]['equal_to_hf_greedy']}/{len(ids)} rows equal to HF greedy", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=2))
 
