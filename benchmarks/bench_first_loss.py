@@ -21,12 +21,6 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
-def smollm2_dir(cache: Path = REPO / ".cache" / "dflash" / "smollm2-135m-instruct") -> Path:
-    """The HF directory of SmolLM2-135M-Instruct, converted from the package's GGUF once."""
-    from dflash.model.gguf import convert_gguf, packaged_gguf
-    return convert_gguf(*packaged_gguf(), cache)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="a local HF chat model dir (default: SmolLM2-135M-Instruct)")
@@ -36,9 +30,10 @@ def main() -> None:
     from transformers import AutoTokenizer
     from dflash.config import DrafterConfig, TargetConfig
     from dflash.model.drafter import DFlashDrafter, DrafterSpec
+    from dflash.model.gguf import smollm2_dir
     from dflash.model.loss import Objective, drafter_loss
     from dflash.model.target import Target
-    path = Path(args.model) if args.model else smollm2_dir()
+    path = Path(args.model) if args.model else smollm2_dir(REPO / ".cache" / "dflash")
     target = Target.from_config(OmegaConf.structured(TargetConfig(path=str(path))))
     tok = AutoTokenizer.from_pretrained(str(path))
     text = tok.apply_chat_template([

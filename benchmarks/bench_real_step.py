@@ -46,13 +46,12 @@ def main() -> None:
     from dflash.config import DrafterConfig, TargetConfig
     from dflash.data.format import TokenDataset
     from dflash.model.drafter import DFlashDrafter, DrafterSpec
-    from dflash.model.gguf import convert_gguf, packaged_gguf
+    from dflash.model.gguf import smollm2_dir
     from dflash.model.loss import Objective, block_embeddings, drafter_loss, sample_anchors
     from dflash.model.target import Target
 
     repo = Path(__file__).resolve().parents[1]
-    path = Path(a.model) if a.model else convert_gguf(
-        *packaged_gguf(), repo / ".cache" / "dflash" / "smollm2-135m-instruct")
+    path = Path(a.model) if a.model else smollm2_dir(repo / ".cache" / "dflash")
     target = Target.from_config(OmegaConf.structured(TargetConfig(path=str(path)))).eval()
     ds = TokenDataset.open(a.data)
     rows = [ds.sample(i) for i in range(min(a.rows, len(ds)))]

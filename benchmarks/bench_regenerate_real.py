@@ -35,7 +35,7 @@ def main() -> None:
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
-    from dflash.model.gguf import convert_gguf, packaged_gguf
+    from dflash.model.gguf import smollm2_dir
     from dflash.config import TargetConfig
     from dflash.data.loss_mask import end_of_turn_ids
     from dflash.data.prompt_gen import make_prompt
@@ -44,8 +44,7 @@ def main() -> None:
     from dflash.model.target import Target
 
     repo = Path(__file__).resolve().parents[1]
-    path = Path(a.model) if a.model else convert_gguf(
-        *packaged_gguf(), repo / ".cache" / "dflash" / "smollm2-135m-instruct")
+    path = Path(a.model) if a.model else smollm2_dir(repo / ".cache" / "dflash")
     tok = AutoTokenizer.from_pretrained(str(path))
     target = Target.from_config(OmegaConf.structured(TargetConfig(path=str(path)))).eval()
     prompts = []

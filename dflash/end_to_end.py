@@ -105,16 +105,15 @@ def target_dir(cfg, work: Path) -> Path:
         if not (path / "config.json").exists():
             raise ConfigError(f"target={path}: no config.json there (a local HF model dir)")
         return path
-    from dflash.model.gguf import convert_gguf, packaged_gguf
-    src, name = packaged_gguf()
-    return convert_gguf(src, name, Path(str(cfg.cache_dir)) / "smollm2-135m-instruct")
+    from dflash.model.gguf import smollm2_dir
+    return smollm2_dir(str(cfg.cache_dir))
 
 
 def run(cfg: DictConfig) -> dict:
     work = Path(str(cfg.workdir))
     st = Stages(work)
-    tgt = Path(str(cfg.target)) if cfg.target else \
-        Path(str(cfg.cache_dir)) / "smollm2-135m-instruct"
+    from dflash.model.gguf import smollm2_dir
+    tgt = Path(str(cfg.target)) if cfg.target else smollm2_dir(str(cfg.cache_dir), convert=False)
     st.run("target", ["convert", str(tgt)], lambda: target_dir(cfg, work))
     st.run("prompts", ["prompt_gen", int(cfg.prompts), int(cfg.heldout)],
            lambda: write_prompt_sets(work, int(cfg.prompts), int(cfg.heldout)))

@@ -25,7 +25,6 @@ from dflash import config
 from dflash.data.loss_mask import end_of_turn_ids
 from dflash.data.prepare import load_tokenizer
 from dflash.errors import ConfigError, user_errors_exit
-from dflash.eval.decode import PromptLookupProposer
 from dflash.generation.runner import Regeneration
 from dflash.model.compile import checked_backend
 from dflash.options import choice
@@ -68,14 +67,13 @@ def build_backend(cfg, tok, topo):
     stop = set(end_of_turn_ids(tok))
     if tok.eos_token_id is not None:
         stop.add(int(tok.eos_token_id))
-    backend = LocalBackend.from_config(
+    # the ranks of a TP group must run the same shapes: auto's timing-based switch could
+    # differ between them, so a sharded target decodes plainly unless told otherwise
+    tp_auto = topo.tp_size > 1 and choice(cfg.decoding) == "auto"
+    return LocalBackend.from_config(
         cfg, target, stop, drafter, pad_id=tok.pad_token_id or 0,
-        compile_backend=None if mode == "off" else checked_backend(str(cfg.model.compile_backend)))
-    if topo.tp_size > 1 and choice(cfg.decoding) == "auto":
-        # the ranks of a TP group must run the same shapes: auto's timing-based switch could
-        # differ between them, so a sharded target decodes plainly unless told otherwise
-        backend.proposer = PromptLookupProposer(block_size=1)
-    return backend
+        compile_backend=None if mode == "off" else checked_backend(str(cfg.model.compile_backend)),
+        decoding="plain" if tp_auto else None)
 
 
 def run_regenerate(cfg: DictConfig, out_dir) -> dict:

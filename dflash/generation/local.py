@@ -30,14 +30,16 @@ class LocalBackend:
 
     @classmethod
     def from_config(cls, cfg, target, stop_ids, drafter=None, pad_id: int = 0,
-                    compile_backend: str | None = None) -> "LocalBackend":
-        """From regenerate's config: sampling keys, model.compile, batching rounding."""
+                    compile_backend: str | None = None,
+                    decoding: str | None = None) -> "LocalBackend":
+        """From regenerate's config: sampling keys, model.compile, batching rounding;
+        `decoding` overrides the config's."""
         return cls(target, stop_ids, temperature=cfg.temperature, top_p=cfg.top_p,
                    max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, drafter=drafter,
                    pad_id=pad_id, compile_backend=compile_backend,
                    dynamic=choice(cfg.model.compile) == "dynamic",
                    pad_to_multiple=int(cfg.batching.pad_to_multiple),
-                   decoding=choice(cfg.decoding))
+                   decoding=decoding or choice(cfg.decoding))
 
     def __init__(self, target, stop_ids, temperature: float = 0.0, top_p: float = 1.0,
                  max_new_tokens: int = 512, seed: int = 0, drafter=None, pad_id: int = 0,
@@ -55,7 +57,7 @@ class LocalBackend:
         self.proposer = proposer
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.max_new_tokens, self.seed = int(max_new_tokens), int(seed)
-        self.drafter, self.pad_id = drafter, int(pad_id)
+        self.pad_id = int(pad_id)
         self.compile_backend, self.dynamic = compile_backend, bool(dynamic)
         self.pad_to_multiple = 1 if dynamic else max(1, int(pad_to_multiple))
 

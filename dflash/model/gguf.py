@@ -30,6 +30,13 @@ def packaged_gguf(package: str = SMOLLM2[0], name: str = SMOLLM2[1]) -> tuple[Pa
     return src, name
 
 
+def smollm2_dir(cache_dir: str | Path = ".cache/dflash", convert: bool = True) -> Path:
+    """SmolLM2-135M-Instruct's HF directory under `cache_dir`, converted from the
+    packaged GGUF the first time (`convert=False`: only where it is, or will be)."""
+    out = Path(cache_dir) / "smollm2-135m-instruct"
+    return convert_gguf(*packaged_gguf(), out) if convert else out
+
+
 def convert_gguf(src: Path, name: str, out: Path) -> Path:
     """`src/name` (GGUF) -> an HF directory `out` (float32 weights, tokenizer, chat
     template); a directory already converted is returned as it is."""
