@@ -95,13 +95,19 @@ def _namespace(key: str) -> str:
 
 
 class WandbLogger(Logger):
-    def __init__(self, cfg, out_dir: Path, resolved_config: dict, run_name=None, group=None):
+    def __init__(self, cfg, out_dir: Path, resolved_config: dict, run_name=None, group=None,
+                 resuming: bool = False):
         import wandb
 
         self.wandb = wandb
+        # a run resumed in its dir goes on in the W&B run it started (its id is kept there)
+        id_file = Path(out_dir) / "wandb_run_id"
+        run_id = id_file.read_text().strip() if resuming and id_file.exists() else None
         self.run = wandb.init(project=cfg.project, mode=choice(cfg.mode), dir=str(out_dir),
                               config=resolved_config, group=group or cfg.get("group"),
-                              name=run_name or cfg.get("run_name"), reinit="finish_previous")
+                              name=run_name or cfg.get("run_name"), reinit="finish_previous",
+                              id=run_id, resume="allow" if run_id else None)
+        id_file.write_text(self.run.id)
         self.run.define_metric("step")
         for ns in ("train", "perf", "plan"):
             self.run.define_metric(f"{ns}/*", step_metric="step")
@@ -188,10 +194,11 @@ def _histogram(lengths: np.ndarray, boundaries):
 
 
 def build_logger(cfg, out_dir: Path, resolved_config: dict, rank: int = 0,
-                 run_name: str | None = None, group: str | None = None) -> Logger:
+                 run_name: str | None = None, group: str | None = None,
+                 resuming: bool = False) -> Logger:
     if rank != 0:
         return Logger()
     loggers = [JsonlLogger(out_dir / "metrics.jsonl")]
     if cfg.name == "wandb":
-        loggers.append(WandbLogger(cfg, out_dir, resolved_config, run_name, group))
+        loggers.append(WandbLogger(cfg, out_dir, resolved_config, run_name, group, resuming))
     return MultiLogger(loggers)

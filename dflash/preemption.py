@@ -1,5 +1,9 @@
 """Preemption: SIGTERM / SIGUSR1 / SIGUSR2 ask the run to checkpoint and stop at the next
-step boundary (every rank after the same step), and the SLURM job is requeued after it."""
+step boundary (every rank after the same step), and the SLURM job is requeued after it.
+
+Before training starts there is nothing to save, so a signal then stops the app at once
+(`StopSignals` raises `Preempted`): a target load or a data build can take minutes, more
+than a scheduler's grace period. From the first step on, `SignalStop` takes over."""
 from __future__ import annotations
 
 import logging
@@ -38,26 +42,92 @@ def requeue_job(policy: str) -> str | None:
     return job
 
 
+SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")  # SIGUSR2: submitit's preemption signal
+
+
+class Preempted(BaseException):
+    """A stop signal arrived before training began: nothing trained, nothing to save.
+    (A BaseException, like KeyboardInterrupt: no `except Exception` on the way swallows it.)"""
+
+    def __init__(self, signame: str):
+        super().__init__(signame)
+        self.signame = signame
+
+
+_ACTIVE: "StopSignals | None" = None
+
+
+class StopSignals:
+    """An app's signal handling from its first line: until training starts, a stop
+    signal raises `Preempted`; after that it is only remembered (`signame`), so an
+    evaluation after training finishes and the app can still say it was asked to stop."""
+
+    def __init__(self):
+        self.signum, self.raising, self.old = None, True, {}
+
+    def __enter__(self):
+        import signal
+        import threading
+        global _ACTIVE
+        if threading.current_thread() is threading.main_thread():
+            for name in SIGNALS:
+                sig = getattr(signal, name, None)
+                if sig is not None:
+                    self.old[sig] = signal.signal(sig, self._handle)
+        _ACTIVE = self
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        global _ACTIVE
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+        _ACTIVE = None
+        return False
+
+    def _handle(self, signum, _frame):
+        self.signum = signum
+        if self.raising:
+            self.raising = False  # one raise: the unwinding must not be interrupted again
+            raise Preempted(self.signame)
+
+    @property
+    def signame(self) -> str | None:
+        import signal
+        return signal.Signals(self.signum).name if self.signum else None
+
+
+def training_started() -> None:
+    """From here on a stop signal is the training loop's to handle (checkpoint first)."""
+    if _ACTIVE is not None:
+        _ACTIVE.raising = False
+
+
+def signal_received() -> str | None:
+    """The stop signal the app received so far (its name), else None."""
+    return _ACTIVE.signame if _ACTIVE is not None else None
+
+
 class SignalStop:
     """SIGTERM / SIGUSR1 (what SLURM sends before preemption) ask the run to checkpoint
     and stop at the next step boundary. With several ranks the request is agreed at the
     metric syncs (an all-reduce), so every rank stops after the same step."""
 
-    # SIGUSR2: submitit's preemption / timeout signal (hydra/launcher=submitit_slurm)
-    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
-
     def __init__(self, topo):
         import signal
         import threading
+        training_started()
         self.topo, self.signum, self.old = topo, None, {}
         if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
+            for name in SIGNALS:
                 sig = getattr(signal, name, None)
                 if sig is not None:
                     self.old[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, _frame):
         self.signum = signum
+        if _ACTIVE is not None:
+            _ACTIVE.signum = signum
 
     def requested(self, step: int, every: int):
         """The signal's name when the run should stop now, else None."""

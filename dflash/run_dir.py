@@ -47,7 +47,11 @@ def run_names(logger_cfg) -> dict:
     if str(hc.mode) == "RunMode.MULTIRUN":
         group = group or Path(hc.sweep.dir).name
         name = name or f"{hc.job.num}_{overrides}"
-    return {"run_name": name or overrides, "group": group, "overrides": list(hc.overrides.task)}
+    # the overrides that name the job (conf/hydra/output: not `resume`, so the jobs of a
+    # stopped sweep's rerun still group with the ones it reused)
+    skip = set(hc.job.config.override_dirname.exclude_keys)
+    task = [o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") not in skip]
+    return {"run_name": name or overrides, "group": group, "overrides": task}
 
 
 def finite(obj):

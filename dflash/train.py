@@ -7,6 +7,7 @@ final drafter (public DFlash layout) into the Hydra run dir.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import hydra
@@ -14,8 +15,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from dflash import config
-from dflash.trainer import Trainer
 from dflash.errors import user_errors_exit
+from dflash.preemption import Preempted, StopSignals, requeue_job, signal_received
+from dflash.rerun import continue_command, finished_run, stop_line
+from dflash.trainer import Trainer
 
 config.register()  # the schemas every app composes against
 
@@ -58,18 +61,67 @@ def to_log_file(text: str) -> None:
                 h.release()
 
 
+def _stopped(signame: str, out_dir: Path, what: str, main_rank: bool) -> None:
+    """One line saying a stop signal ended this run (or sweep) and the command that goes
+    on; a sweep ends here, so no later job starts inside the grace period."""
+    hc, sweep = HydraConfig.get(), _in_sweep()
+    key, where = ("hydra.sweep.dir", hc.sweep.dir) if sweep else ("hydra.run.dir", out_dir)
+    if main_rank:
+        command = continue_command("dflash.train", sys.argv[1:], key, where)
+        print(stop_line(signame, f"job {hc.job.num} ({out_dir})" if sweep else str(out_dir),
+                        what, command, sweep), file=sys.stderr, flush=True)
+    if sweep:
+        raise SystemExit(0)
+
+
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 @user_errors_exit
-def main(cfg: DictConfig) -> float | None:
+def _main(cfg: DictConfig) -> float | None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    trainer = Trainer(cfg, out_dir).build()
-    summary = trainer.run()
+    done = finished_run(cfg, out_dir)
+    if done is not None:  # a rerun of a stopped sweep: this job had finished
+        print(f"{out_dir}: finished with this config before; reused", flush=True)
+        return done.get("acceptance_length")
+    try:
+        trainer = Trainer(cfg, out_dir).build()
+        summary = trainer.run()
+    except Preempted as stop:
+        requeue_job(str(cfg.checkpoint.requeue))
+        _stopped(stop.signame, out_dir, "stopped before training began, nothing to save",
+                 _main_rank())
+        return None
     if trainer.topo.is_main:
         text = f"{format_summary(summary)}\nrun dir: {out_dir}"
         print(text)
         to_log_file(text)
+    if summary["preempted"]:
+        _stopped(summary["preempted"], out_dir,
+                 f"checkpointed at step {summary['steps']}", trainer.topo.is_main)
+    elif signal_received() and _in_sweep():  # after the last step: later jobs wait
+        _stopped(signal_received(), out_dir, "finished", trainer.topo.is_main)
     # a sweeper that optimises (Optuna) reads the job's return value
     return summary.get("acceptance_length")
+
+
+def _in_sweep() -> bool:
+    return str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
+
+
+def _main_rank() -> bool:
+    import os
+    return os.environ.get("RANK", "0") == "0"
+
+
+def main() -> float | None:
+    """The app: stop signals are handled from its first line (see dflash.preemption)."""
+    with StopSignals():
+        try:
+            return _main()
+        except Preempted as stop:  # before the config was even composed
+            if _main_rank():
+                print(f"dflash: {stop.signame} before the run began: nothing to save",
+                      file=sys.stderr, flush=True)
+            return None
 
 
 if __name__ == "__main__":

@@ -302,7 +302,8 @@ class Trainer:
         resolved = OmegaConf.to_container(cfg, resolve=True)
         names = run_names(cfg.logger)
         logger = build_logger(cfg.logger, self.out_dir, resolved, topo.rank,
-                              run_name=names["run_name"], group=names["group"])
+                              run_name=names["run_name"], group=names["group"],
+                              resuming=str(cfg.resume) != "never")
         failed = True
         try:
             before = self.evaluate(label="eval before training") if self.evaluates else {}
