@@ -37,6 +37,7 @@ def plan_hash(cfg) -> str:
         v = OmegaConf.select(cfg, k)
         parts[k] = OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
     parts["data"].pop("cache_dir", None)  # where the cache lives does not change the plan
+    parts["data"].pop("target_fit_batch", None)  # nor how the world's target was fitted
     # per-bucket caps came later: unset, they leave the hash of older checkpoints as it was
     if parts["buckets"].get("max_batch_size") is None:
         parts["buckets"].pop("max_batch_size", None)

@@ -274,7 +274,8 @@ def load_world(data_cfg, target_cfg, lengths: np.ndarray, progress: bool = True)
     """Fit (or reuse) the world's target, then build (or reuse) its training data."""
     world = World(int(data_cfg.vocab_size), int(data_cfg.period), int(data_cfg.slot_size))
     target_dir = fit_target(world, target_cfg, int(data_cfg.target_fit_steps),
-                            data_cfg.cache_dir, progress=progress)
+                            data_cfg.cache_dir, batch=int(data_cfg.target_fit_batch),
+                            progress=progress)
     ds = build_world_data(world, target_dir, lengths, int(data_cfg.seed), data_cfg.cache_dir,
                           progress=progress)
     return WorldData(ds, target_dir, world)

@@ -16,7 +16,8 @@ from dflash.config import compose
 from tests.helpers.paths import REPO
 
 # one small world for the whole session: its target is fitted once, then cached
-WORLD = ["data.num_samples=400", "data.target_fit_steps=250", "eval.num_prompts=6",
+WORLD = ["data.num_samples=400", "data.target_fit_steps=250", "data.target_fit_batch=16",
+         "eval.num_prompts=6",
          "eval.max_new_tokens=32"]
 # a command's app module, where it is not the command's own module
 APP_OF = {"dflash.eval": "dflash.evaluate"}
