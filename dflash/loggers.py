@@ -20,11 +20,13 @@ each with `define_metric` step axes (train/perf on the step, eval on its own ste
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
-from dflash.options import choice
+from dflash.options import choice, options
 
 
 class Logger:
@@ -202,3 +204,21 @@ def build_logger(cfg, out_dir: Path, resolved_config: dict, rank: int = 0,
     if cfg.name == "wandb":
         loggers.append(WandbLogger(cfg, out_dir, resolved_config, run_name, group, resuming))
     return MultiLogger(loggers)
+
+
+# ---- its config section (registered with Hydra by dflash.config) ----
+
+LoggerMode = options("LoggerMode", ("online", "offline", "disabled"))
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"  # none | wandb (metrics.jsonl is always written)
+    project: str = "dflash"  # W&B project
+    mode: LoggerMode = LoggerMode.disabled  # W&B mode: online | offline | disabled
+    log_every: int = 10  # steps between metric syncs to the host
+    progress: bool = True  # the tqdm bar
+    group: Optional[str] = None  # W&B group (a multirun's sweep)
+    # the gradient norm costs a reduction over every parameter when grad clipping is off
+    grad_norm: bool = True
+    run_name: Optional[str] = None  # W&B run name (null: from the overrides)

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+from dflash.options import options
+from dflash.step import NONFINITE
 
 
 def warmup_cosine(step: int, total: int, warmup_ratio: float, min_ratio: float = 0.0) -> float:
@@ -28,3 +32,27 @@ def build_optimizer(params, cfg, total_steps: int):
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: warmup_cosine(s, total_steps, ratio, floor))
     return opt, sched
+
+
+# ---- its config section (registered with Hydra by dflash.config) ----
+
+NonFinite = options("NonFinite", NONFINITE)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 6e-4  # AdamW peak learning rate
+    warmup_ratio: float = 0.04  # linear warmup, share of the steps
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max grad norm (0: off)
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    min_lr_ratio: float = 0.0  # cosine decay floor, share of lr
+    max_steps: int = -1  # > 0: stop after this many steps (the schedule spans them)
+    # > 0: stop once this many real tokens were trained on (the schedule spans the steps
+    # that takes): strategies compared on equal data
+    max_tokens: int = -1
+    # a NaN/inf loss or gradient: stop (found at the next metric sync, no extra host
+    # sync; names the step and samples) or skip the update (one host check per step)
+    nonfinite: NonFinite = NonFinite.stop
+    max_skips: int = 10  # skip: stop once more steps than this were skipped

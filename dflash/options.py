@@ -1,8 +1,9 @@
 """Closed sets of string options, and reading one back as a plain string.
 
-Library modules take options as plain strings (`choice(cfg.x)`); the Hydra schemas in
-dflash.config turn each module's own tuple of options into an enum, so a typo fails
-at start with the valid values listed and the list lives in one place.
+Library modules take options as plain strings (`choice(cfg.x)`); each config section's
+schema (beside the code that reads it) turns its module's own tuple of options into an
+enum, so a typo fails at start with the valid values listed and the list lives in one
+place.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -326,3 +327,15 @@ class StageTimes:
         self.steps = 0
         return out
 
+
+# ---- its config section (registered with Hydra by dflash.config) ----
+
+@dataclass
+class PipelineConfig:
+    # contexts the target may run ahead of the drafter (a bounded queue); 0: the plain
+    # sequential loop (collate, target, drafter in one thread). None: 2 where the target
+    # has a GPU (its own, or a CUDA stream on a shared one), 0 where target and drafter
+    # share the CPU's cores (a thread per stage would only split them; measured 2.2x
+    # slower with both stages running all cores). A depth set on CPU splits the cores.
+    depth: Optional[int] = None
+    prefetch: int = 2  # batches collated ahead on the host (pinned buffers on GPU)

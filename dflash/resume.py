@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 from dflash.errors import DataError
+from dflash.model.checkpoint import EXPORT_DTYPES
+from dflash.options import options
 
 log = logging.getLogger("dflash.resume")
 
@@ -256,3 +258,27 @@ class Progress:
     def snapshot(self, totals) -> dict:
         return {"batches_seen": self.batches_seen, "first_loss": self.first_loss,
                 "eval_curve": self.eval_curve, "totals": totals}
+
+
+# ---- its config section (registered with Hydra by dflash.config) ----
+
+ExportDtype = options("ExportDtype", EXPORT_DTYPES)
+
+
+@dataclass
+class CheckpointConfig:
+    # training-state checkpoints (dflash.resume) every N steps and/or every M minutes of
+    # wall clock (0: off; with both 0, only on SIGTERM/SIGUSR1). A kill -9 then loses
+    # at most that much work, given resume=auto on the rerun
+    every_steps: int = 0
+    every_minutes: float = 0.0  # also every M minutes of wall clock (0: off)
+    # the exported drafter/ (not the training state, which keeps fp32 master weights):
+    # auto = bfloat16 when the drafter trains on CUDA (the public drafters' dtype, half
+    # the size), float32 on CPU
+    dtype: ExportDtype = ExportDtype.auto
+    keep: int = 2  # newest checkpoints kept
+    force_resume: bool = False  # resume even though the plan settings changed
+    # after a preemption checkpoint, requeue the SLURM job (`scontrol requeue`, as
+    # submitit does): auto = when running under SLURM (SLURM_JOB_ID set); the requeued
+    # job needs resume=auto to go on
+    requeue: str = "auto"

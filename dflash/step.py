@@ -22,7 +22,6 @@ from dflash.errors import ConfigError
 
 
 # bf16 and bfloat16 are one dtype (checkpoint.dtype takes both spellings too)
-AUTOCAST = ("auto", "bf16", "bfloat16", "off")
 NONFINITE = ("stop", "skip")
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import atexit
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import List
 
 import torch
 
-from dflash.options import choice
+from dflash.options import choice, options
 from dflash.errors import TopologyError
 
 
@@ -170,3 +171,26 @@ def replica_digests(state_dict: dict, topo) -> list[str]:
     if len(set(every)) > 1:
         raise RuntimeError(f"drafter replicas diverged across ranks: {every}")
     return every
+
+
+# ---- its config section (registered with Hydra by dflash.config) ----
+
+Device = options("Device", DEVICES)
+
+
+@dataclass
+class TopologyConfig:
+    name: str = "cpu"  # the topology's name
+    device: Device = Device.auto  # auto | cpu | cuda
+    # data-parallel replicas; each replica runs target stage(s) then drafter stage(s)
+    dp_size: int = 1
+    # pairs: per local rank, the GPU index of its target and of its drafter (the same
+    # index twice: the pair shares one GPU); empty: a GPU each when there are enough
+    target_devices: List[int] = field(default_factory=list)
+    drafter_devices: List[int] = field(default_factory=list)
+    # the CUDA allocator grows segments instead of fragmenting on variable shapes
+    expandable_segments: bool = True
+    # > 1: each target replica spans this many consecutive ranks, sharded by
+    # transformers' tensor-parallel plan (dflash/model/tp_target.py); every rank keeps
+    # its own drafter replica and batch. Under torchrun only; must divide the world
+    target_tp: int = 1

@@ -1,4 +1,5 @@
-"""Generate the configuration reference from dflash's schemas (dflash/config.py) at build
+"""Generate the configuration reference from dflash's schemas (the apps' in dflash/config.py,
+each section's beside its code) at build
 time (mkdocs-gen-files), so it cannot drift from the code: every key of every app, its
 type, its default, and what the schema's comments say of it."""
 from __future__ import annotations
@@ -86,7 +87,8 @@ def rows(cls, prefix: str = ""):
 
 def page() -> str:
     lines = ["# Configuration reference", "",
-             "Generated from the schemas in `dflash/config.py` when the site is built: every "
+             "Generated from the schemas (the apps' in `dflash/config.py`, each section's beside "
+             "the code that reads it) when the site is built: every "
              "key each app accepts as `key=value`, its type, its schema default (an app's "
              "YAML defaults and the group presets override some; `python -m dflash.train "
              "--cfg job` prints a composed config) and what the schema says of it.", ""]

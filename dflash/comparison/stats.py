@@ -44,6 +44,12 @@ def paired_verdict(best: dict, other: dict, higher_is_better: bool, unit: str = 
     return {**diff, "verdict": text, "significant": bool(diff["n"] >= 2 and diff["lo"] > 0)}
 
 
+def pooled_acceptance(per_prompt: np.ndarray, steps: np.ndarray, pick) -> np.ndarray:
+    """Acceptance pooled over the prompts `pick` selects (its last axis): total accepted
+    over total verify steps, so a prompt weighs by the steps it took."""
+    return (per_prompt[pick] * steps[pick]).sum(-1) / np.maximum(steps[pick].sum(-1), 1)
+
+
 def bootstrap_acceptance(per_prompt: list, steps: list, draws: int = 2000,
                          seed: int = 0) -> dict | None:
     """95% bootstrap interval over prompts of the pooled acceptance length (total
@@ -54,8 +60,7 @@ def bootstrap_acceptance(per_prompt: list, steps: list, draws: int = 2000,
     n = np.asarray(steps, dtype=np.float64)
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, len(mean), (draws, len(mean)))
-    pooled = (mean[pick] * n[pick]).sum(1) / np.maximum(n[pick].sum(1), 1)
-    lo, hi = np.percentile(pooled, [2.5, 97.5])
+    lo, hi = np.percentile(pooled_acceptance(mean, n, pick), [2.5, 97.5])
     return {"lo": float(lo), "hi": float(hi), "half_width": float((hi - lo) / 2),
             "prompts": len(mean)}
 

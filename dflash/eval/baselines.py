@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dflash.comparison.stats import pooled_acceptance
 from dflash.errors import ConfigError
 from dflash.eval.decode import DrafterProposer, NgramProposer, PromptLookupProposer
 
@@ -49,11 +50,8 @@ def paired_difference(a: dict, b: dict, draws: int = 2000, seed: int = 0) -> dic
     pb, nb = np.asarray(b["per_prompt"]), np.asarray(b["per_prompt_steps"], dtype=np.float64)
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, len(pa), (draws, len(pa)))
-
-    def pooled(p, n, idx):
-        return (p[idx] * n[idx]).sum(-1) / np.maximum(n[idx].sum(-1), 1)
-
-    diff = pooled(pa, na, pick) - pooled(pb, nb, pick)
+    diff = pooled_acceptance(pa, na, pick) - pooled_acceptance(pb, nb, pick)
     lo, hi = np.percentile(diff, [2.5, 97.5])
-    return {"difference": float(pooled(pa, na, np.arange(len(pa))) - pooled(pb, nb, np.arange(len(pb)))),
+    every = np.arange(len(pa))
+    return {"difference": float(pooled_acceptance(pa, na, every) - pooled_acceptance(pb, nb, every)),
             "lo": float(lo), "hi": float(hi), "better": bool(lo > 0)}

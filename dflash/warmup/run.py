@@ -23,7 +23,6 @@ import torch
 log = logging.getLogger("dflash.warmup.run")
 
 
-COMPILE_MODES = ("off", "static", "dynamic")
 
 
 def use_compile_caches(cache_dir: str | Path) -> Path:

@@ -1,0 +1,122 @@
+"""The `model` and `loss` groups' schemas: target, drafter, their kernels, the objective."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from dflash.kernels.lm_head_loss import LOSS_IMPLS
+from dflash.model.drafter import ATTENTION_BACKENDS
+from dflash.model.loss import LOSS_KINDS, LOSS_NORMS
+from dflash.options import options
+
+# option tuples of the model group that the code below this package reads too
+AUTOCAST = ("auto", "bf16", "bfloat16", "off")  # model.autocast (bf16 = bfloat16)
+COMPILE_MODES = ("off", "static", "dynamic")  # model.compile
+
+LossImpl = options("LossImpl", LOSS_IMPLS)
+Attention = options("Attention", ATTENTION_BACKENDS)
+Autocast = options("Autocast", AUTOCAST)
+Compile = options("Compile", COMPILE_MODES)
+LossNorm = options("LossNorm", LOSS_NORMS)
+LossKind = options("LossKind", LOSS_KINDS)
+
+
+@dataclass
+class TargetConfig:
+    path: Optional[str] = None  # local HF model dir; None builds the tiny model below
+    # the tiny model's sizes (a local model's come from its config.json: model=hf nulls
+    # these, so the resolved config records no size that was not trained)
+    hidden_size: Optional[int] = 64
+    num_hidden_layers: Optional[int] = 6
+    num_attention_heads: Optional[int] = 4
+    num_key_value_heads: Optional[int] = 2
+    intermediate_size: Optional[int] = 128
+    vocab_size: Optional[int] = 512
+    seed: int = 0  # the tiny model's init seed
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the target's weights
+    layer_ids: Optional[List[int]] = None  # None: 5 layers spread from 1 to L-3
+    # HF attention kernel: sdpa, eager, flex_attention, flash_attention_2, ... None: the
+    # tiny model uses sdpa, a local model whatever HF picks for it. Packed rows need one
+    # that reads documents from position_ids (all of these do); flash/flex skip the
+    # cross-document work that sdpa's dense per-row mask still pays for.
+    attn_implementation: Optional[str] = None
+    # the in-memory model (path null) is built here: "cuda" builds a large random target
+    # (the published 8B sizes: benchmarks/gpu_check.py) on the GPU, in `dtype`, never in
+    # host fp32 first
+    build_device: str = "cpu"
+
+
+@dataclass
+class DrafterConfig:
+    num_layers: int = 1  # drafter decoder layers (the paper: 5 for 8B targets)
+    block_size: int = 16  # tokens a block drafts, the anchor included
+    num_anchors: int = 512  # anchor slots per row (blocks trained per sample)
+    # the block's mask input; None: the last embedding row. A drafter must be served
+    # with the id it was trained with (model=qwen3_8b sets the public drafters' 151669);
+    # a data set holding this id is refused, naming the sample
+    mask_token_id: Optional[int] = None
+    seed: int = 0  # the drafter's init seed and its anchor sampling
+    # warm start: a drafter dir in the public DFlash layout (a published drafter, or a
+    # run's drafter/) loaded before step 1, weights only (optimizer and schedule fresh);
+    # its shape, taps, block size, mask token and vocabulary must match this run's
+    init: Optional[str] = None
+    # a fresh drafter's output norm weight. At 1 (HF's init) a block position's hidden
+    # state is still mostly its input (mask) embedding, which a tied LM head scores far
+    # above the truth: SmolLM2-135M's first loss is 53.5 against ln(49,152) = 10.8. At 0
+    # every first logit is 0 (first loss ln V exactly), but AdamW grows the weight by
+    # ~lr a step, which slowed the world's run (acceptance 1.98 against ~2.9 after 320
+    # steps), so 1 stays the tiny world's default; model=hf starts at 0.05, the best of
+    # a real-model A/B (conf/model/hf.yaml)
+    norm_init: float = 1.0
+    # layer layout, as the public drafter configs write it: per layer full_attention |
+    # sliding_attention (null: all full), the window W (a query at q sees q - (W - 1)
+    # .. q), and causal: in-block attention k' <= k in every layer (exported explicitly
+    # as is_causal and dflash_config.causal; engines default it differently)
+    layer_types: Optional[List[str]] = None
+    sliding_window: Optional[int] = None  # W for sliding_attention layers
+    causal: bool = False  # in-block attention k' <= k in every layer
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"  # the model group's name (recorded in summary.json)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    loss_impl: LossImpl = LossImpl.auto  # auto | torch | triton: the fused LM-head loss kernel
+    # auto: flex_attention on CUDA; on CPU SDPA per chunk of blocks (chunked), or one
+    # dense SDPA mask (sdpa) under torch.compile (dflash/model/masks.py)
+    attention: Attention = Attention.auto
+    # rows per LM-head chunk; 0: as many as fit loss_chunk_mb of logits at this
+    # vocabulary (peak memory then follows the target, see kernels/lm_head_loss.py)
+    loss_chunk: int = 0
+    loss_chunk_mb: int = 256  # logits memory per chunk when loss_chunk is 0
+    # bf16 autocast for the drafter (fp32 master weights); auto: on CUDA only
+    autocast: Autocast = Autocast.auto
+    # torch.compile of the drafter forward (block mask included): static compiles one
+    # graph per warmed shape, dynamic one symbolic graph; off runs eager
+    compile: Compile = Compile.off
+    # torch.compile's backend: inductor generates kernels; eager (or aot_eager) runs the
+    # same dynamo graphs under the same guards (what warmup and the compile monitor
+    # count) without code generation, for checks on a small CPU (the suite uses eager)
+    compile_backend: str = "inductor"
+
+
+@dataclass
+class LossConfig:
+    """The drafter's objective (`loss=ce|dpace`): a sweep over objectives is one override."""
+    name: str = "ce"  # the loss group's name
+    # ce: block position k weighs exp(-(k-1)/gamma); dpace: D-PACE's weights
+    # w_j = sum_{m>=j} prod_{i<=m} ((1-a) q_i + a), q_i = exp(-CE_i) detached; kl:
+    # distillation to the target's distribution
+    kind: LossKind = LossKind.ce
+    gamma: float = 7.0  # ce: block position k weighs exp(-(k-1)/gamma)
+    dpace_alpha: float = 0.5  # dpace: a in (1 - a) q + a
+    # kl: KL(target || drafter) at every block position, both at this temperature (x T^2),
+    # weighted by the ce decay; the target then runs every layer (its final hidden state)
+    kl_temperature: float = 1.0
+    # plan: every supervised (block position, token) counts the same whatever batch or
+    # rank it lands in (ce: weighted sum / the plan's mean weight per batch, known before
+    # step 1; dpace: / the D-PACE weight of the whole step over every rank); batch: the
+    # weighted mean of each batch (a block weighs 1 / its batch's weight, so each
+    # strategy re-weights the data its own way). See README.
+    norm: LossNorm = LossNorm.plan
