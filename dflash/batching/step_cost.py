@@ -168,8 +168,11 @@ def fit_with_holdout(points: list[dict], holdout_every: int = 4) -> tuple[CostMo
 # ---- the cost file ---------------------------------------------------------------------
 # what must agree between the run that measured a cost file and the run that uses it
 MODEL_FIELDS = ("target_dtype", "target_hidden_size", "target_num_layers", "vocab_size",
-                "drafter_num_layers", "block_size", "compile", "step_kind")
+                "drafter_num_layers", "block_size", "compile", "step_kind", "target_tp")
 MATCH_FIELDS = ("device", "device_count", "autocast") + MODEL_FIELDS
+# a field a cost file may lack: it was written before the field existed, so measured
+# at this value (no tensor parallelism)
+FIELD_DEFAULTS = {"target_tp": 1}
 
 
 def write_cost_file(path, identity: dict, model: CostModel, points: list, fit: dict) -> Path:
@@ -189,8 +192,9 @@ def load_cost_file(path, expect: dict | None = None) -> tuple[CostModel, dict]:
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise DataError(f"cost file {path} is corrupt: {exc}") from exc
     for k in MATCH_FIELDS if expect else ():
-        if k in expect and identity.get(k) != expect[k]:
-            raise DataError(f"cost file {path}: {k} is {identity.get(k)!r} there but "
+        there = identity.get(k, FIELD_DEFAULTS.get(k))
+        if k in expect and there != expect[k]:
+            raise DataError(f"cost file {path}: {k} is {there!r} there but "
                             f"{expect[k]!r} in this run; profile this setup "
                             "(python -m dflash.profile) before predicting with it")
     return model, doc

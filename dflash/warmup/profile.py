@@ -40,7 +40,9 @@ def model_identity(cfg) -> dict:
             "block_size": int(cfg.model.drafter.block_size),
             "compile": choice(cfg.model.compile),
             # packed rows take another code path (documents in a row): their own file
-            "step_kind": "packed" if traits(choice(cfg.batching.strategy)).packs_rows else "padded"}
+            "step_kind": "packed" if traits(choice(cfg.batching.strategy)).packs_rows else "padded",
+            # a target sharded over k ranks runs its stage at another cost (collectives)
+            "target_tp": int(cfg.topology.get("target_tp", 1))}
 
 
 def run_identity(cfg, device: torch.device) -> dict:

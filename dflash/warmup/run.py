@@ -86,8 +86,10 @@ def warm(step, shapes, vocab_size: int, drafter_device, progress: bool = False,
 
 
 def warm_ranks(topo, fn) -> dict:
-    """Rank 0 compiles and tunes first; the others then read its caches."""
-    if not topo.distributed:
+    """Rank 0 compiles and tunes first; the others then read its caches. Under
+    topology.target_tp every rank warms at once: a sharded target's forward is a
+    collective of its TP group, so a rank warming alone would wait on its peers forever."""
+    if not topo.distributed or topo.tp_size > 1:
         return fn()
     import torch.distributed as dist
     if topo.rank == 0:

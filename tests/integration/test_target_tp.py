@@ -75,16 +75,20 @@ def _tp_rank(rank, world, port, cache, out, paths, result):
               "topology=pairs", "topology.device=cpu", "optim.max_steps=8",
               "checkpoint.every_steps=4"]
     try:
-        for tp, name, resume in ((1, "1", "never"), (2, "2", "never"),
-                                 (2, "resumed", str(out / "2" / "checkpoints" / "step-000000004"))):
+        # the TP run warms its shapes first (every rank at once: the sharded target's
+        # forward is a collective), which must change nothing (warm == unwarmed)
+        for tp, name, resume, warmup in (
+                (1, "1", "never", "none"), (2, "2", "never", "all"),
+                (2, "resumed", str(out / "2" / "checkpoints" / "step-000000004"), "none")):
             tr = build_trainer(cache, out / name, *common, f"topology.target_tp={tp}",
-                               f"resume={resume}")
+                               f"resume={resume}", f"warmup={warmup}")
             summary = tr.train(JsonlLogger(out / name / "metrics.jsonl"))
             if rank == 0:
                 lines = (out / name / "metrics.jsonl").read_text().splitlines()
                 runs[name] = ([json.loads(x)["loss"] for x in lines if "loss" in json.loads(x)],
                               {k: v.detach().clone() for k, v in tr.drafter.state_dict().items()},
-                              summary["steps"], type(tr.target).__name__)
+                              summary["steps"], type(tr.target).__name__,
+                              len((summary.get("warmup") or {}).get("per_shape", [])))
         if rank == 0:
             torch.save(runs, result)
         torch.distributed.barrier()
@@ -111,12 +115,12 @@ def test_a_tp_target_gives_one_process_hidden_states_and_training(tmp_path, worl
     worst = {k: max(d[k] for d in runs["hidden"]) for k in runs["hidden"][0]}
     print("max abs diff, TP=2 vs one process (fp32):", worst)
     assert len(worst) == 2 * 3 and all(v < 1e-5 for v in worst.values()), worst
-    (base_l, base_w, base_n, base_t), (tp_l, tp_w, tp_n, tp_t) = runs["1"], runs["2"]
-    assert (base_t, tp_t) == ("Target", "TensorParallelTarget")
+    (base_l, base_w, base_n, base_t, _), (tp_l, tp_w, tp_n, tp_t, warmed) = runs["1"], runs["2"]
+    assert (base_t, tp_t) == ("Target", "TensorParallelTarget") and warmed >= 2
     assert len(base_l) == len(tp_l) == 8 and base_n == tp_n == 8
     assert max(abs(a - b) for a, b in zip(base_l, tp_l)) < 1e-4, (base_l, tp_l)
     assert base_l[0] > base_l[-1]  # it trained
     assert all(torch.allclose(base_w[k], tp_w[k], atol=1e-4) for k in base_w)
     # resumed under TP from the step-4 checkpoint: bit-identical to the run that went on
-    res_l, res_w, _, _ = runs["resumed"]
+    res_l, res_w, _, _, _ = runs["resumed"]
     assert res_l == tp_l[4:] and all(torch.equal(res_w[k], tp_w[k]) for k in tp_w)

@@ -51,9 +51,14 @@ def test_a_cost_file_from_elsewhere_names_the_differing_field(tmp_path):
     path = write_cost_file(tmp_path / "c.json", ident, CostModel(TRUE), [], {})
     load_cost_file(path, dict(ident))
     for field, value in [("device", "NVIDIA H200"), ("target_hidden_size", 2048),
-                         ("block_size", 8), ("step_kind", "packed")]:
+                         ("block_size", 8), ("step_kind", "packed"), ("target_tp", 4)]:
         with pytest.raises(DataError, match=rf"{field} is .* there but .* in this run"):
             load_cost_file(path, {**ident, field: value})
+    # written before target_tp existed: measured without tensor parallelism
+    load_cost_file(path, {**ident, "target_tp": 1})
+    from dflash.config import compose
+    from dflash.warmup.profile import model_identity
+    assert model_identity(compose("train", ["topology.target_tp=2"]))["target_tp"] == 2
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(DataError, match="bad.json is corrupt"):
         load_cost_file(tmp_path / "bad.json")
