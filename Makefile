@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train train-real real-deps test test-fast docs lint-imports bench gpu-check clean
+.PHONY: train train-real real-deps llama-cpp train-real-llama test test-fast docs lint-imports bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,27 @@ $(REAL_STAMP): $(STAMP)
 	touch $(REAL_STAMP)
 
 real-deps: $(REAL_STAMP)
+
+# llama.cpp with DFlash support, to serve the trained drafter: the tree vendored in the
+# llama-cpp-python sdist (a PyPI download, so it installs offline like the rest), its
+# llama-server built with cmake (~10 min on 2 cores); its converter runs in .venv
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP := .cache/llama.cpp
+$(LLAMA_CPP)/build/bin/llama-server: $(REAL_STAMP)
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: \
+		llama-cpp-python==$(LLAMA_CPP_VERSION) -d .cache/llama-cpp-sdist
+	rm -rf $(LLAMA_CPP) && mkdir -p $(LLAMA_CPP)
+	tar -xzf .cache/llama-cpp-sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_CPP) \
+		--strip-components=3 llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+	cmake -S $(LLAMA_CPP) -B $(LLAMA_CPP)/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF > /dev/null
+	cmake --build $(LLAMA_CPP)/build --target llama-server -j$$(nproc)
+
+llama-cpp: $(LLAMA_CPP)/build/bin/llama-server
+
+# the real-model recipe with its last stage: the drafter served by llama.cpp, checked
+train-real-llama: $(LLAMA_CPP)/build/bin/llama-server
+	HF_HUB_OFFLINE=1 $(PY) -m dflash.end_to_end llama_cpp=$(LLAMA_CPP) $(ARGS)
 
 train-real: $(REAL_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m dflash.end_to_end $(ARGS)

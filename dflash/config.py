@@ -191,6 +191,10 @@ class EndToEndConfig:
     heldout: int = 24  # eval prompts of the same kinds (seed 1), none in the training set
     max_new_tokens: int = 128  # per regenerated reply
     eval_max_new_tokens: int = 64  # tokens decoded per held-out prompt
+    # a llama.cpp source tree with DFlash support and build/bin/llama-server: the last
+    # stage serves the drafter there and compares tokens and acceptance with dflash's;
+    # None: $LLAMA_CPP_DIR if set, else the stage is skipped
+    llama_cpp: Optional[str] = None
     # each app's own keys, nested as in its config (the recipe's CPU defaults live in
     # end_to_end.yaml): train.epochs=16, train.model.drafter.num_layers=2,
     # +train.optim.weight_decay=0.01, +regenerate.batching.max_batch_size=32

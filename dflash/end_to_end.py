@@ -11,6 +11,10 @@ to finish, each stage one of dflash's own apps.
     eval        acceptance on the held-out prompts: the trained drafter against an
                 untrained one, prompt lookup and an n-gram table of the training data,
                 each with a paired 95% interval
+    llama_cpp   where a built llama.cpp tree is given (`llama_cpp=DIR` or $LLAMA_CPP_DIR):
+                target and drafter converted by llama.cpp's own converter, served by
+                llama-server (draft-dflash), the held-out prompts decoded there; its tokens
+                and acceptance against dflash's (dflash/eval/llama_cpp.py)
 
 Every stage writes under `workdir` and a marker with its command and wall time; a rerun
 skips each stage whose marker matches its command (regenerate and train continue a
@@ -35,7 +39,7 @@ from dflash.errors import ConfigError, user_errors_exit
 
 config.register()
 
-STAGES = ("target", "prompts", "regenerate", "prepare", "train", "eval")
+STAGES = ("target", "prompts", "regenerate", "prepare", "train", "eval", "llama_cpp")
 
 
 class Stages:
@@ -136,7 +140,25 @@ def run(cfg: DictConfig) -> dict:
           "baselines=[untrained,lookup,ngram]", f"ngram_data={work / 'data'}",
           f"out={work / 'eval.json'}", f"hydra.run.dir={work / 'eval'}", *overrides(cfg.eval)]
     st.run("eval", ev, lambda: app("dflash.eval", ev))
+    serve_check(cfg, st, work, tgt, run_dir / "drafter")
     return summarize(work, run_dir, st.seconds)
+
+
+def serve_check(cfg, st: Stages, work: Path, target: Path, drafter: Path) -> None:
+    """The last stage, where llama.cpp is at hand: the drafter served there."""
+    from dflash.eval.llama_cpp import check, llama_cpp_tree
+    tree = llama_cpp_tree(cfg.llama_cpp)
+    if tree is None:
+        (work / "llama_cpp.json").unlink(missing_ok=True)
+        print("[llama_cpp] no llama.cpp tree (llama_cpp=DIR or $LLAMA_CPP_DIR): not checked",
+              flush=True)
+        return
+
+    def serve():
+        result = check(tree, target, drafter, json.loads((work / "eval.json").read_text()),
+                       work / "gguf")
+        (work / "llama_cpp.json").write_text(json.dumps(result, indent=2))
+    st.run("llama_cpp", ["llama-server", str(tree), str(drafter)], serve)
 
 
 def summarize(work: Path, run_dir: Path, seconds: dict) -> dict:
@@ -156,6 +178,9 @@ def summarize(work: Path, run_dir: Path, seconds: dict) -> dict:
                     **{name: {"acceptance_length": b["acceptance_length"],
                               "drafter_minus_this": b["drafter_minus_this"]}
                        for name, b in ev["baselines"].items()}}}
+    if (work / "llama_cpp.json").exists():
+        out["llama_cpp"] = {k: v for k, v in json.loads((work / "llama_cpp.json").read_text()).items()
+                            if k != "per_prompt"}
     (work / "summary.json").write_text(json.dumps(out, indent=2))
     return out
 
@@ -177,6 +202,9 @@ def format_summary(s: dict) -> str:
         lines.append(f"  vs {name:<9} {e[name]['acceptance_length']:.3f}: drafter "
                      f"{d['difference']:+.3f} (95% CI {d['lo']:+.3f} to {d['hi']:+.3f})"
                      f"{'' if d['better'] else '  not measurably better'}")
+    if "llama_cpp" in s:
+        from dflash.eval.llama_cpp import format_check
+        lines.append(format_check(s["llama_cpp"]))
     return "\n".join(lines)
 
 

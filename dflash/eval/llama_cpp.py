@@ -1,0 +1,144 @@
+"""A trained drafter served by llama.cpp, checked against dflash's own decoding.
+
+llama.cpp serves DFlash drafters (`--spec-type draft-dflash`). Its own converter,
+`convert_hf_to_gguf.py`, reads dflash's export (the public DFlash layout) with
+`--target-model-dir` for the vocabulary, and the target converts as any HF model does.
+`check` converts both (f32, so the weights are the ones dflash decoded with), starts
+`llama-server` on loopback, decodes each prompt of a dflash eval report greedily and
+returns, per prompt and pooled, whether the tokens equal dflash's and each engine's
+acceptance length (emitted tokens per target verify step: a step emits its accepted
+drafts plus one token of the target's own).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from dflash.errors import ConfigError
+
+
+def llama_cpp_tree(setting: str | None, key: str = "llama_cpp") -> Path | None:
+    """The llama.cpp tree to check with (`setting`, else $LLAMA_CPP_DIR), or None."""
+    raw = setting or os.environ.get("LLAMA_CPP_DIR")
+    if not raw:
+        return None
+    tree = Path(raw)
+    for need in ("convert_hf_to_gguf.py", "build/bin/llama-server"):
+        if not (tree / need).exists():
+            raise ConfigError(f"{key}={tree}: no {need} there (a llama.cpp source tree with "
+                              "DFlash support, built: cmake -B build && cmake --build build "
+                              "--target llama-server)")
+    return tree
+
+
+def to_gguf(tree: Path, src: Path, out: Path, target: Path | None = None) -> Path:
+    """llama.cpp's converter, its own gguf-py first on the path (its other needs, e.g.
+    sentencepiece: llama.cpp's requirements/requirements-convert_hf_to_gguf.txt)."""
+    if out.exists():
+        return out
+    path = os.pathsep.join(filter(None, [str(tree / "gguf-py"), os.environ.get("PYTHONPATH")]))
+    extra = ["--target-model-dir", str(target)] if target else []
+    proc = subprocess.run([sys.executable, str(tree / "convert_hf_to_gguf.py"), str(src),
+                           "--outtype", "f32", "--outfile", str(out), *extra],
+                          env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True)
+    if proc.returncode:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise ConfigError(f"llama.cpp's convert_hf_to_gguf.py failed on {src}: {tail[0]}")
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ready(port: int, proc: subprocess.Popen, timeout: float) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise ConfigError(f"llama-server exited with status {proc.returncode} before it "
+                              "was ready (its log is beside the GGUF files)")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise ConfigError(f"llama-server was not ready after {timeout:.0f} s")
+
+
+def _complete(port: int, ids: list, n: int) -> dict:
+    body = {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1,
+            "cache_prompt": False, "return_tokens": True}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        out = json.loads(r.read())
+    t = out.get("timings") or {}
+    return {"tokens": [int(x) for x in out.get("tokens", [])],
+            "drafted": int(t.get("draft_n", 0)), "accepted": int(t.get("draft_n_accepted", 0))}
+
+
+def pooled(tokens: int, accepted: int) -> float:
+    """Acceptance length: emitted tokens per verify step (accepted drafts + 1 a step)."""
+    return tokens / max(tokens - accepted, 1)
+
+
+def check(tree: Path, target: Path, drafter: Path, report: dict, out: Path,
+          threads: int | None = None, timeout: float = 300) -> dict:
+    """Serve `drafter` for `target` in llama.cpp and decode `report`'s prompts (a dflash
+    eval report: prompt_ids, tokens, per_prompt, per_prompt_steps), greedy."""
+    block = int(json.loads((drafter / "config.json").read_text())["dflash_config"]["block_size"])
+    out.mkdir(parents=True, exist_ok=True)
+    target_gguf = to_gguf(tree, target, out / "target.gguf")
+    drafter_gguf = to_gguf(tree, drafter, out / "drafter.gguf", target=target)
+    port = _free_port()
+    with open(out / "server.log", "w") as log:
+        server = subprocess.Popen(
+            [str(tree / "build" / "bin" / "llama-server"), "-m", str(target_gguf),
+             "--spec-type", "draft-dflash", "--model-draft", str(drafter_gguf),
+             "--spec-draft-n-max", str(block - 1), "--host", "127.0.0.1", "--port", str(port),
+             "-t", str(threads or os.cpu_count()), "-c", "4096", "-np", "1", "--no-warmup"],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _ready(port, server, timeout)
+            rows = []
+            for ids, ours, steps in zip(report["prompt_ids"], report["tokens"],
+                                        report["per_prompt_steps"]):
+                got = _complete(port, [int(x) for x in ids], len(ours))
+                rows.append({**got, "n": len(got["tokens"]), "equal": got["tokens"] == list(ours),
+                             "dflash_tokens": len(ours), "dflash_accepted": len(ours) - int(steps)})
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+    same = [r for r in rows if r["equal"]]
+
+    def engines(rs) -> dict:
+        return {"llama_cpp": pooled(sum(r["n"] for r in rs), sum(r["accepted"] for r in rs)),
+                "dflash": pooled(sum(r["dflash_tokens"] for r in rs),
+                                 sum(r["dflash_accepted"] for r in rs))}
+    return {"prompts": len(rows), "equal_tokens": len(same), "block_size": block, **engines(rows),
+            "equal_prompts": {**engines(same), "same_accepted_per_prompt": all(
+                r["accepted"] == r["dflash_accepted"] for r in same)},
+            "per_prompt": rows}
+
+
+def format_check(c: dict) -> str:
+    e = c["equal_prompts"]
+    return (f"llama.cpp (draft-dflash, block {c['block_size']}): {c['equal_tokens']}/{c['prompts']} "
+            f"held-out prompts decode dflash's tokens; acceptance llama.cpp {c['llama_cpp']:.3f}, "
+            f"dflash {c['dflash']:.3f}" + (
+                f"; on the equal prompts {e['llama_cpp']:.3f} against {e['dflash']:.3f}, "
+                f"accepted drafts equal prompt by prompt: {e['same_accepted_per_prompt']}"
+                if c["equal_tokens"] else ""))
