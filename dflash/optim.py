@@ -19,12 +19,18 @@ def warmup_cosine(step: int, total: int, warmup_ratio: float, min_ratio: float =
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
 
-def build_optimizer(params, cfg, total_steps: int):
-    """(AdamW, LambdaLR) from `optim.*`; fused/foreach kernels where the device has them."""
+def build_optimizer(params, cfg, total_steps: int, output_norm=None, norm_lr_scale: float = 1.0):
+    """(AdamW, LambdaLR) from `optim.*`; fused/foreach kernels where the device has them.
+    `output_norm` (the drafter's final norm weight) learns at lr x `norm_lr_scale`
+    (model.drafter.norm_lr_scale), in a group of its own only when that is not 1."""
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("the drafter has no trainable parameters")
     on_cuda = params[0].device.type == "cuda"
+    scale = float(norm_lr_scale)
+    if output_norm is not None and scale != 1.0:
+        rest = [p for p in params if p is not output_norm]
+        params = [{"params": rest}, {"params": [output_norm], "lr": float(cfg.lr) * scale}]
     opt = torch.optim.AdamW(params, lr=float(cfg.lr), weight_decay=float(cfg.weight_decay),
                             betas=(float(cfg.beta1), float(cfg.beta2)),
                             **({"fused": True} if on_cuda else {"foreach": True}))

@@ -89,8 +89,9 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel as DDP
             dev = self.topo.drafter_device
             module = DDP(local, device_ids=[dev] if dev.type == "cuda" else None)
-        self.optimizer, self.scheduler = build_optimizer(self.drafter.parameters(), cfg.optim,
-                                                         self.total_steps)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.drafter.parameters(), cfg.optim, self.total_steps, self.drafter.norm.weight,
+            float(cfg.model.drafter.norm_lr_scale))
         self.train_step = TrainStep(
             self.target, self.drafter, self.optimizer, self.scheduler, self.objective(),
             self.step_policy(),

@@ -68,6 +68,10 @@ class DrafterConfig:
     # steps), so 1 stays the tiny world's default; model=hf starts at 0.05, the best of
     # a real-model A/B (conf/model/hf.yaml)
     norm_init: float = 1.0
+    # the final norm weight learns at lr x this. AdamW moves a weight by about lr a step
+    # whatever its gradient, so a norm started at 0 (first loss ln V exactly) needs ~1/lr
+    # steps to reach a useful scale at 1; model=hf starts at 0 and learns it at 10x
+    norm_lr_scale: float = 1.0
     # layer layout, as the public drafter configs write it: per layer full_attention |
     # sliding_attention (null: all full), the window W (a query at q sees q - (W - 1)
     # .. q), and causal: in-block attention k' <= k in every layer (exported explicitly

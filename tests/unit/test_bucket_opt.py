@@ -24,9 +24,14 @@ def test_dp_equals_exhaustive_search(data):
         assert fit.predicted_efficiency == pytest.approx(brute.predicted_efficiency, rel=1e-12)
 
 
-def test_estimate_matches_exact_simulation(full_lengths):
-    spec = PackingSpec(49152, 64)
-    table = build_cost_table(full_lengths, spec)
+@pytest.fixture(scope="module")
+def full_table(full_lengths):
+    """The production profile's cost table (~2 s to build): built once for the tests."""
+    return build_cost_table(full_lengths, PackingSpec(49152, 64))
+
+
+def test_estimate_matches_exact_simulation(full_lengths, full_table):
+    spec, table = PackingSpec(49152, 64), full_table
     for boundaries in (SEED6, computed_boundaries("quantile", full_lengths, 4)):
         b = np.asarray(boundaries)
         cuts = np.searchsorted(table.edges, np.clip(b, table.edges[0], table.edges[-1]))
@@ -35,9 +40,9 @@ def test_estimate_matches_exact_simulation(full_lengths):
         assert abs(predicted - exact) < 0.005, (boundaries, predicted, exact)
 
 
-def test_optimum_beats_presets_by_exact_simulation(full_lengths):
+def test_optimum_beats_presets_by_exact_simulation(full_lengths, full_table):
     spec = PackingSpec(49152, 64)
-    fit = optimal_fits(build_cost_table(full_lengths, spec), 6)[-1]
+    fit = optimal_fits(full_table, 6)[-1]
     best = simulate(full_lengths, fit.boundaries, spec)["efficiency"]
     assert best > simulate(full_lengths, SEED6, spec)["efficiency"]
     assert best > simulate(full_lengths, computed_boundaries("quantile", full_lengths, 6),

@@ -255,3 +255,24 @@ def test_a_fresh_drafter_starts_at_the_uniform_loss_and_learns(tmp_path, family)
     assert zero[2] < zero[0]  # the layers learn from the second step
     if family == "llama-tied":
         assert one[0] > math.log(512) + 0.5  # confidently wrong through the tied head
+
+
+def test_the_output_norm_learns_at_its_own_rate_only_when_asked():
+    """model.drafter.norm_lr_scale: the final norm weight in a group of its own at lr x the
+    scale (model=hf: a norm started at 0 that AdamW would grow by only ~lr a step); at 1
+    one group, as before (older checkpoints' optimizer state keeps loading)."""
+    from omegaconf import OmegaConf
+    from dflash.config import compose
+    from dflash.optim import OptimConfig, build_optimizer
+    cfg = OmegaConf.structured(OptimConfig(lr=1e-3, warmup_ratio=0.0))
+    torch.manual_seed(0)
+    layer, norm = torch.nn.Linear(4, 4), torch.nn.Parameter(torch.zeros(4))
+    params = [*layer.parameters(), norm]
+    opt, _ = build_optimizer(params, cfg, 10, norm, 10.0)
+    assert [g["lr"] for g in opt.param_groups] == [1e-3, pytest.approx(1e-2)]
+    (layer(torch.ones(4)) * (1 + norm)).sum().backward()
+    opt.step()
+    assert norm.abs().max().item() == pytest.approx(1e-2, rel=1e-3)  # Adam: ~lr x scale
+    assert len(build_optimizer(params, cfg, 10, norm)[0].param_groups) == 1
+    hf = compose("train", ["model=hf", "model.target.path=/x"]).model.drafter
+    assert (hf.norm_init, hf.norm_lr_scale) == (0.0, 10.0)
