@@ -35,12 +35,15 @@ command_of() {  # the command behind one named figure
         train_real) echo "make train-real" ;;
         llama_cpp_check) echo "make llama-cpp && $PY benchmarks/llama_cpp_check.py --llama-cpp .cache/llama.cpp --workdir $REAL" ;;
         bench_real_step) echo "$PY benchmarks/bench_real_step.py $REAL/data" ;;
-        norm_init) echo "for X in 1 0 0.05; do HF_HUB_OFFLINE=1 $PY -m dflash.train model=hf" \
+        norm_init) echo "for XS in 1,1 0.05,1 0.02,1 0.01,1 0,1 0,10 0,30; do X=\${XS%,*} S=\${XS#*,};" \
+            "HF_HUB_OFFLINE=1 $PY -m dflash.train model=hf" \
             "model.target.path=$SMOLLM2 data=tokenized data.path=$REAL/data eval.enabled=false" \
             "optim.max_steps=24 batching.token_budget=1024 batching.max_batch_size=4" \
             "model.drafter.num_anchors=32 model.drafter.block_size=8 optim.lr=3e-3" \
-            "logger.log_every=1 model.drafter.norm_init=\$X hydra.run.dir=$OUT/norm_init-\$X;" \
-            "done; grep -h '\"loss\"' $OUT/norm_init-*/metrics.jsonl" ;;
+            "logger.log_every=1 logger.progress=false model.drafter.norm_init=\$X" \
+            "model.drafter.norm_lr_scale=\$S hydra.run.dir=$OUT/norm_init-\$X-\$S >/dev/null;" \
+            "echo \$X \$S \$(grep -o '\"loss\": [0-9.]*' $OUT/norm_init-\$X-\$S/metrics.jsonl |" \
+            "sed -n '1p;\$p' | cut -d' ' -f2); done" ;;
         bench_*|tp_memory) echo "$PY benchmarks/$1.py" ;;
         *) echo "unknown figure $1 (bash benchmarks/figures.sh --list)" >&2; return 1 ;;
     esac

@@ -103,6 +103,20 @@ def overrides(keys, prefix: str = "") -> list:
     return out
 
 
+def train_digest(keys: list) -> str:
+    """A digest of the training config `keys` compose to, defaults included: a dflash
+    whose defaults changed (a group preset, a schema default) trains afresh on a rerun
+    rather than skipping to the drafter the old defaults trained."""
+    from hydra import compose as hydra_compose
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+    if GlobalHydra.instance().is_initialized():  # inside this app: its conf dir is dflash's
+        cfg = hydra_compose("train", list(keys))
+    else:
+        cfg = config.compose("train", keys)
+    return hashlib.sha1(OmegaConf.to_yaml(cfg).encode()).hexdigest()[:8]
+
+
 def target_dir(cfg, work: Path) -> Path:
     if cfg.target:
         path = Path(str(cfg.target))
@@ -132,7 +146,7 @@ def run(cfg: DictConfig) -> dict:
             *overrides(cfg.train)]
     # a run dir per training config: a killed run resumes (resume=auto), a changed one
     # starts afresh beside it instead of being refused as a changed plan
-    run_dir = work / ("train-" + hashlib.sha1(" ".join(keys).encode()).hexdigest()[:8])
+    run_dir = work / f"train-{train_digest(keys)}"
     train = [*keys, "resume=auto", "checkpoint.every_minutes=2", f"hydra.run.dir={run_dir}"]
     st.run("train", train, lambda: app("dflash.train", train))
     ev = [f"drafter={run_dir / 'drafter'}", *model, f"prompts={work / 'heldout.jsonl'}",

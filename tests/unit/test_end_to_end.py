@@ -39,6 +39,15 @@ def test_an_ngram_baseline_without_its_data_is_refused():
         build_baseline("typo", drafter, None, None)
 
 
+def test_the_training_run_dir_follows_the_composed_config_not_the_command_text():
+    from dflash.end_to_end import train_digest
+    keys = ["model=hf", "model.target.path=/m", "data=tokenized", "data.path=/d"]
+    # the same config spelled otherwise (a default given explicitly): the same run dir
+    assert train_digest(keys) == train_digest([*keys, "model.drafter.norm_lr_scale=10.0"])
+    # a changed default or key: another one
+    assert train_digest(keys) != train_digest([*keys, "model.drafter.norm_lr_scale=9"])
+
+
 def test_each_stage_takes_its_apps_keys_nested_as_in_its_config():
     from dflash.config import compose
     from dflash.end_to_end import overrides
