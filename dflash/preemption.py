@@ -45,6 +45,23 @@ def requeue_job(policy: str) -> str | None:
 SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")  # SIGUSR2: submitit's preemption signal
 
 
+def _install(handler) -> dict:
+    """`handler` for every stop signal (main thread only: Python's rule); the handlers
+    it replaced, for `_restore`."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, handler)
+            for sig in (getattr(signal, name, None) for name in SIGNALS) if sig is not None}
+
+
+def _restore(old: dict) -> None:
+    import signal
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+
+
 class Preempted(BaseException):
     """A stop signal arrived before training began: nothing trained, nothing to save.
     (A BaseException, like KeyboardInterrupt: no `except Exception` on the way swallows it.)"""
@@ -66,22 +83,13 @@ class StopSignals:
         self.signum, self.raising, self.old = None, True, {}
 
     def __enter__(self):
-        import signal
-        import threading
         global _ACTIVE
-        if threading.current_thread() is threading.main_thread():
-            for name in SIGNALS:
-                sig = getattr(signal, name, None)
-                if sig is not None:
-                    self.old[sig] = signal.signal(sig, self._handle)
-        _ACTIVE = self
+        self.old, _ACTIVE = _install(self._handle), self
         return self
 
     def __exit__(self, *exc):
-        import signal
         global _ACTIVE
-        for sig, old in self.old.items():
-            signal.signal(sig, old)
+        _restore(self.old)
         _ACTIVE = None
         return False
 
@@ -114,15 +122,9 @@ class SignalStop:
     metric syncs (an all-reduce), so every rank stops after the same step."""
 
     def __init__(self, topo):
-        import signal
-        import threading
         training_started()
-        self.topo, self.signum, self.old = topo, None, {}
-        if threading.current_thread() is threading.main_thread():
-            for name in SIGNALS:
-                sig = getattr(signal, name, None)
-                if sig is not None:
-                    self.old[sig] = signal.signal(sig, self._handle)
+        self.topo, self.signum = topo, None
+        self.old = _install(self._handle)
 
     def _handle(self, signum, _frame):
         self.signum = signum
@@ -145,7 +147,5 @@ class SignalStop:
         return signal.Signals(self.signum).name if self.signum else "SIGTERM"
 
     def restore(self) -> None:
-        import signal
-        for sig, old in self.old.items():
-            signal.signal(sig, old)
+        _restore(self.old)
         self.old = {}

@@ -86,7 +86,8 @@ def _main(cfg: DictConfig) -> float | None:
         trainer = Trainer(cfg, out_dir).build()
         summary = trainer.run()
     except Preempted as stop:
-        requeue_job(str(cfg.checkpoint.requeue))
+        if _main_rank():  # one request for the job, as after a checkpoint
+            requeue_job(str(cfg.checkpoint.requeue))
         _stopped(stop.signame, out_dir, "stopped before training began, nothing to save",
                  _main_rank())
         return None

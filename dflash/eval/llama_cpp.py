@@ -39,8 +39,13 @@ def llama_cpp_tree(setting: str | None, key: str = "llama_cpp") -> Path | None:
 
 def to_gguf(tree: Path, src: Path, out: Path, target: Path | None = None) -> Path:
     """llama.cpp's converter, its own gguf-py first on the path (its other needs, e.g.
-    sentencepiece: llama.cpp's requirements/requirements-convert_hf_to_gguf.txt)."""
-    if out.exists():
+    sentencepiece: llama.cpp's requirements/requirements-convert_hf_to_gguf.txt). A file
+    converted before from the same source dir as it is now (its path and newest file's
+    time in `OUT.src`) is reused: a retrained drafter or another target converts again."""
+    made_from = out.with_name(out.name + ".src")
+    files = src.iterdir() if src.is_dir() else ()
+    source = f"{src.resolve()} {max((f.stat().st_mtime_ns for f in files), default=0)}"
+    if out.exists() and made_from.exists() and made_from.read_text() == source:
         return out
     path = os.pathsep.join(filter(None, [str(tree / "gguf-py"), os.environ.get("PYTHONPATH")]))
     extra = ["--target-model-dir", str(target)] if target else []
@@ -50,6 +55,7 @@ def to_gguf(tree: Path, src: Path, out: Path, target: Path | None = None) -> Pat
     if proc.returncode:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise ConfigError(f"llama.cpp's convert_hf_to_gguf.py failed on {src}: {tail[0]}")
+    made_from.write_text(source)
     return out
 
 
