@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -43,25 +44,40 @@ STAGES = ("target", "prompts", "regenerate", "prepare", "train", "eval", "llama_
 
 
 class Stages:
-    """Runs stages in order, skipping those done with the same command."""
+    """Runs stages in order, skipping those done with the same command after the same
+    earlier stages: a stage that is redone (new prompts, say) redoes every stage after
+    it, whose inputs it rewrote."""
 
     def __init__(self, work: Path):
         self.work = work
         self.marks = work / "stages"
         self.marks.mkdir(parents=True, exist_ok=True)
         self.seconds: dict = {}
+        self.upstream = ""  # a digest of the earlier stages' runs
 
-    def run(self, name: str, command: list, action) -> None:
+    def _chain(self, stamp: str) -> None:
+        self.upstream = hashlib.sha1(f"{self.upstream}/{stamp}".encode()).hexdigest()[:12]
+
+    def run(self, name: str, command: list, action, on_redo=None) -> None:
+        """`on_redo()`: called before a stage that ran before is redone (to clear
+        what its earlier run left that the new one must not continue from)."""
         mark = self.marks / f"{name}.json"
-        if mark.exists() and json.loads(mark.read_text()).get("command") == command:
-            self.seconds[name] = json.loads(mark.read_text())["seconds"]
+        old = json.loads(mark.read_text()) if mark.exists() else None
+        if old and old.get("command") == command and old.get("upstream") == self.upstream:
+            self.seconds[name] = old["seconds"]
             print(f"[{name}] done before ({self.seconds[name]:.0f} s): skipped", flush=True)
+            self._chain(old["stamp"])
             return
+        if old and on_redo is not None:
+            on_redo()
         print(f"[{name}] {' '.join(map(str, command))}", flush=True)
         t0 = time.perf_counter()
         action()
         self.seconds[name] = time.perf_counter() - t0
-        mark.write_text(json.dumps({"command": command, "seconds": self.seconds[name]}))
+        stamp = str(time.time_ns())
+        mark.write_text(json.dumps({"command": command, "upstream": self.upstream,
+                                    "seconds": self.seconds[name], "stamp": stamp}))
+        self._chain(stamp)
         print(f"[{name}] {self.seconds[name]:.0f} s", flush=True)
 
 
@@ -103,7 +119,7 @@ def overrides(keys, prefix: str = "") -> list:
     return out
 
 
-def train_digest(keys: list) -> str:
+def train_digest(keys: list, data: str = "") -> str:
     """A digest of the training config `keys` compose to, defaults included: a dflash
     whose defaults changed (a group preset, a schema default) trains afresh on a rerun
     rather than skipping to the drafter the old defaults trained."""
@@ -114,7 +130,7 @@ def train_digest(keys: list) -> str:
         cfg = hydra_compose("train", list(keys))
     else:
         cfg = config.compose("train", keys)
-    return hashlib.sha1(OmegaConf.to_yaml(cfg).encode()).hexdigest()[:8]
+    return hashlib.sha1((OmegaConf.to_yaml(cfg) + data).encode()).hexdigest()[:8]
 
 
 def target_dir(cfg, work: Path) -> Path:
@@ -139,14 +155,21 @@ def run(cfg: DictConfig) -> dict:
     regen = [f"inputs=[{work / 'prompts.jsonl'}]", f"out={work / 'replies.jsonl'}", *model,
              f"max_new_tokens={int(cfg.max_new_tokens)}", f"hydra.run.dir={work / 'regenerate'}",
              *overrides(cfg.regenerate)]
-    st.run("regenerate", regen, lambda: app("dflash.regenerate", regen))
+    parts = work / "replies.jsonl.parts"
+
+    def stale_parts():  # replies of other prompts or settings: regenerate would refuse them
+        if parts.exists():
+            print(f"[regenerate] its inputs or settings changed: {parts} removed", flush=True)
+            shutil.rmtree(parts)
+    st.run("regenerate", regen, lambda: app("dflash.regenerate", regen), on_redo=stale_parts)
     prep = ["--jsonl", work / "replies.jsonl", "--tokenizer", tgt, "--out", work / "data"]
     st.run("prepare", list(map(str, prep)), lambda: app("dflash.data.prepare", prep))
     keys = [*model, "data=tokenized", f"data.path={work / 'data'}", "eval.enabled=false",
             *overrides(cfg.train)]
     # a run dir per training config: a killed run resumes (resume=auto), a changed one
     # starts afresh beside it instead of being refused as a changed plan
-    run_dir = work / f"train-{train_digest(keys)}"
+    # (and per data set: new replies train afresh, never resume a run on the old ones)
+    run_dir = work / f"train-{train_digest(keys, st.upstream)}"
     train = [*keys, "resume=auto", "checkpoint.every_minutes=2", f"hydra.run.dir={run_dir}"]
     st.run("train", train, lambda: app("dflash.train", train))
     ev = [f"drafter={run_dir / 'drafter'}", *model, f"prompts={work / 'heldout.jsonl'}",
@@ -179,7 +202,8 @@ def summarize(work: Path, run_dir: Path, seconds: dict) -> dict:
     regen = json.loads((work / "replies.jsonl.report.json").read_text())
     train = json.loads((run_dir / "summary.json").read_text())
     ev = json.loads((work / "eval.json").read_text())
-    vocab = int(train["model"]["vocab_size"])
+    # the first loss's yardstick: uniform over what the training softmax spans
+    vocab = int((train["model"].get("draft_vocab") or {}).get("size") or train["model"]["vocab_size"])
     out = {"stage_seconds": seconds, "total_seconds": sum(seconds.values()),
            "regenerate": {k: regen[k] for k in ("conversations_written", "generated_tokens",
                                                  "generated_tokens_this_run",
@@ -208,7 +232,7 @@ def format_summary(s: dict) -> str:
                 if r["generated_tokens_this_run"] else "tokens (every batch resumed from its part), ")
              + f"{r['truncated']} cut at max_new_tokens",
              f"train: {t['steps']} steps, {t['tokens_per_second']:.0f} real tok/s, loss "
-             f"{t['initial_loss']:.2f} -> {t['final_loss']:.2f} (uniform ln V = "
+             f"{t['initial_loss']:.2f} -> {t['final_loss']:.2f} (uniform over the softmax's ids = "
              f"{t['uniform_loss']:.2f})",
              f"eval (held-out prompts): drafter acceptance {e['drafter']:.3f}"]
     for name in ("untrained", "lookup", "ngram"):

@@ -73,8 +73,10 @@ def ranks_sum(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 class TrainStep:
     def __init__(self, target, drafter, optimizer, scheduler, objective: Objective,
                  policy: StepPolicy = StepPolicy(), generator: torch.Generator | None = None,
-                 module=None, local=None):
+                 module=None, local=None, feature_cache=None):
         self.target, self.drafter = target, drafter
+        # dflash.model.feature_cache.FeatureCache: each sample's context kept across epochs
+        self.feature_cache = feature_cache
         # `module` runs the training forward (a DDP wrapper of `local`); `local` is the
         # same forward without DDP (compiled when `model.compile` is on), for warmup;
         # `drafter` owns the weights
@@ -96,6 +98,9 @@ class TrainStep:
         # distillation reads the target's own distribution: its final hidden state rides
         # along as the context's last H channels
         final = self.objective.kind == "kl"
+        if self.feature_cache is not None and b.batch is not None:  # (warm batches: no ids)
+            return self.feature_cache.context(
+                lambda ids: self.target.context(ids, None, None, final=final), b.ids, b.batch)
         if b.position_ids is not None:
             # packed: no 2-D mask, per-document positions; HF builds the document mask
             # from where the positions restart (sdpa, eager, flex and flash alike)

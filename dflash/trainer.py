@@ -38,6 +38,8 @@ from dflash.metrics import Meter, NonFiniteGuard
 from dflash.batching.step_cost import load_cost_file
 from dflash.model.checkpoint import check_compatible, export_dtype, load_drafter
 from dflash.model.compile import checked_backend
+from dflash.model.draft_vocab import DraftVocab
+from dflash.model.feature_cache import FeatureCache
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import Objective
 from dflash.optim import build_optimizer
@@ -96,8 +98,17 @@ class Trainer:
             self.target, self.drafter, self.optimizer, self.scheduler, self.objective(),
             self.step_policy(),
             generator=seeded_generator(self.topo.drafter_device, int(cfg.seed), self.topo.rank),
-            module=module, local=local)
+            module=module, local=local, feature_cache=self.feature_cache())
         return self
+
+    def feature_cache(self):
+        mb = float(self.cfg.model.target.cache_mb or 0)
+        if mb <= 0:
+            return None
+        if self.topo.tp_size > 1:
+            raise ConfigError("model.target.cache_mb needs topology.target_tp=1: a sharded "
+                              "target runs every rank of its group together")
+        return FeatureCache(self.sources.data.lengths, mb)
 
     def compiles(self) -> bool:
         """Whether anything in this run compiles or autotunes per shape: model.compile,
@@ -172,13 +183,30 @@ class Trainer:
                        chunk=int(m.loss_chunk), chunk_mb=float(m.loss_chunk_mb),
                        impl=choice(m.loss_impl), kind=choice(loss.kind),
                        dpace_alpha=float(loss.dpace_alpha),
-                       kl_temperature=float(loss.kl_temperature))
+                       kl_temperature=float(loss.kl_temperature), vocab=self.draft_vocab())
         if choice(loss.norm) != "plan":
             return ob
         # the constant every batch's weighted sum is divided by: the same on every rank
         weight = ob.expected_batch_weight(self.dataset.anchor_candidates(),
                                           self.planner.epoch(0), self.drafter.spec.block_size)
         return dataclasses.replace(ob, norm="plan", batch_weight=weight)
+
+    def draft_vocab(self):
+        """`loss.draft_vocab` > 0: the training softmax's token ids, ranked by how often
+        the training samples supervise them (the same on every rank)."""
+        size = int(self.cfg.loss.get("draft_vocab", 0) or 0)
+        if size < 0:
+            raise ConfigError(f"loss.draft_vocab={size}: give a token count (0: the whole "
+                              "vocabulary)")
+        if size == 0:
+            return None
+        counts = np.zeros(int(self.target.vocab_size), dtype=np.int64)
+        data = self.dataset.supervised_counts(len(self.sources.data.lengths))
+        counts[:len(data)] = data[:len(counts)]
+        vocab = DraftVocab.most_frequent(counts, size).to(self.topo.drafter_device)
+        log.info("loss.draft_vocab=%d: the training softmax over %d of %d token ids, %.2f%% "
+                 "of the supervised tokens", size, len(vocab), len(counts), 100 * vocab.coverage)
+        return vocab
 
     def step_policy(self) -> StepPolicy:
         o = self.cfg.optim
@@ -482,14 +510,20 @@ class Trainer:
     def model_record(self) -> dict:
         """What was trained, read off the models themselves (a local target's sizes are
         its config.json's, whatever the model group's defaults say)."""
-        spec, t = self.drafter.spec, self.target
+        spec, t, vocab = self.drafter.spec, self.target, self.train_step.objective.vocab
+        cache = self.train_step.feature_cache
         return {"target_hidden_size": int(t.hidden_size), "target_layers": len(t.base.layers),
                 "vocab_size": int(t.vocab_size), "target_layer_ids": list(spec.target_layer_ids),
                 "drafter_layers": spec.num_layers,
                 "layer_types": list(spec.layer_types) or ["full_attention"] * spec.num_layers,
                 "sliding_window": spec.sliding_window, "causal": spec.causal,
                 "block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
-                "anchor_slots": int(self.num_anchors), "loss": self.train_step.objective.kind}
+                "anchor_slots": int(self.num_anchors), "loss": self.train_step.objective.kind,
+                "draft_vocab": None if vocab is None else {"size": len(vocab),
+                                                           "coverage": vocab.coverage},
+                "target_cache": None if cache is None else {
+                    "samples": len(cache.rows), "mb": round(cache.bytes / 2**20, 1),
+                    "hits": cache.hits, "misses": cache.misses}}
 
     def next_position(self, batch) -> tuple[int, int]:
         """(epoch, batch index) of the batch after this one: where a resume starts."""

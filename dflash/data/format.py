@@ -63,6 +63,20 @@ class TokenDataset:
             out += np.bincount(sample[inside], minlength=len(self)).astype(np.int64)
         return out
 
+    def supervised_counts(self, num_samples: int | None = None,
+                          chunk: int = 1 << 24) -> np.ndarray:
+        """int64 [vocab_size]: how often each token id is supervised (loss_mask) in the
+        first `num_samples` samples (all: None). One streaming pass."""
+        n = len(self) if num_samples is None else int(num_samples)
+        end = int(self.offsets[n])
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        for lo in range(0, end, chunk):
+            hi = min(end, lo + chunk)
+            toks = np.asarray(self.tokens[lo:hi], dtype=np.int64)
+            out += np.bincount(toks[np.asarray(self.loss_mask[lo:hi], dtype=bool)],
+                               minlength=self.vocab_size).astype(np.int64)
+        return out
+
     def collate(self, sample_ids, seq_len: int, pad_id: int = 0):
         """Right-padded [B, seq_len] token ids, loss mask and validity mask (numpy)."""
         b = len(sample_ids)

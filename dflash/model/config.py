@@ -44,6 +44,10 @@ class TargetConfig:
     # (the published 8B sizes: benchmarks/gpu_check.py) on the GPU, in `dtype`, never in
     # host fp32 first
     build_device: str = "cpu"
+    # > 0: each training sample's context kept on the host (up to this many MB a rank)
+    # and reused in later epochs instead of running the frozen target again: for small
+    # data sets trained many epochs (dflash/model/feature_cache.py). 0: off
+    cache_mb: float = 0
 
 
 @dataclass
@@ -124,3 +128,8 @@ class LossConfig:
     # weighted mean of each batch (a block weighs 1 / its batch's weight, so each
     # strategy re-weights the data its own way). See README.
     norm: LossNorm = LossNorm.plan
+    # ce / dpace: > 0 runs the training softmax over the N token ids supervised most often
+    # in the training samples (a frequency-ranked draft vocabulary, as FR-Spec / EAGLE-3);
+    # targets outside it carry no loss and count as misses. Drafting still uses the whole
+    # LM head. 0: the whole vocabulary. (dflash/model/draft_vocab.py)
+    draft_vocab: int = 0

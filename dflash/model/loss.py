@@ -44,12 +44,17 @@ class Objective:
     kind: str = "ce"  # ce: fixed decay exp(-(k-1)/gamma) | dpace: D-PACE weights | kl
     dpace_alpha: float = 0.5  # D-PACE's a in (1 - a) q_i + a
     kl_temperature: float = 1.0  # kl: both distributions at this temperature (x T^2)
+    # ce / dpace: the softmax over these ids only (dflash.model.draft_vocab); None: all
+    vocab: object = None
 
     def __post_init__(self):
         if self.norm not in LOSS_NORMS:
             raise ConfigError(f"loss.norm must be one of {LOSS_NORMS}, got {self.norm!r}")
         if self.kind not in LOSS_KINDS:
             raise ConfigError(f"loss.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
+        if self.vocab is not None and self.kind == "kl":
+            raise ConfigError("loss.draft_vocab applies to loss.kind=ce or dpace: distillation "
+                              "matches the target's whole distribution (set loss.draft_vocab=0)")
         if self.norm == "plan" and not self.batch_weight > 0:
             raise ValueError(f"loss_norm=plan needs a positive batch_weight, got {self.batch_weight}")
 
@@ -201,18 +206,25 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     # Unsupervised rows stay in with weight 0: a fixed row count, no boolean indexing
     # (which would read the count back to the host every step).
     targets = torch.where(sup, targets, torch.zeros_like(targets))
-    if ob.kind == "dpace":
-        return _dpace_loss(ob, hidden, lm_head_weight, targets, sup, anchor_valid, reduce_sum)
     if ob.kind == "kl":
         return _kl_loss(ob, hidden, final, lm_head_weight, anchors, targets, sup, anchor_valid)
-    w = position_weights(bs, ob.gamma).to(hidden.device) * sup
-    loss, _, argmax = fused_lm_head_ce(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight,
-                                       targets.flatten(), w.flatten(), chunk=ob.chunk, impl=ob.impl,
+    head, rows, reach = lm_head_weight, targets, sup
+    if ob.vocab is not None:  # the softmax over the draft vocabulary: misses outside it
+        head = ob.vocab.head(lm_head_weight)
+        rows, inside = ob.vocab.targets(targets)
+        reach = sup & inside
+    if ob.kind == "dpace":
+        return _dpace_loss(ob, hidden, head, rows, targets, sup, reach, anchor_valid, reduce_sum)
+    w = position_weights(bs, ob.gamma).to(hidden.device) * reach
+    loss, _, argmax = fused_lm_head_ce(hidden.reshape(-1, hidden.shape[-1]), head,
+                                       rows.flatten(), w.flatten(), chunk=ob.chunk, impl=ob.impl,
                                        chunk_mb=ob.chunk_mb)
     return _output(ob, loss, w, argmax, targets, sup, anchor_valid, hidden)
 
 
 def _output(ob, loss, w, argmax, targets, sup, anchor_valid, hidden) -> LossOutput:
+    if ob.vocab is not None:
+        argmax = ob.vocab.full_ids(argmax)
     correct = (argmax.view_as(sup) == targets) & sup
     acc = correct.sum((0, 1)) / sup.sum((0, 1)).clamp_min(1)
     streak = torch.cumprod(correct.long(), dim=2).sum(2)  # leading correct drafts per block
@@ -227,16 +239,18 @@ def _output(ob, loss, w, argmax, targets, sup, anchor_valid, hidden) -> LossOutp
     return LossOutput(loss, acc.detach(), accept.detach(), sup.sum(), blocks, ce.detach())
 
 
-def _dpace_loss(ob, hidden, lm_head_weight, targets, sup, anchor_valid, reduce_sum) -> LossOutput:
+def _dpace_loss(ob, hidden, head, head_targets, targets, sup, reach, anchor_valid,
+                reduce_sum) -> LossOutput:
     """The CE rows from the fused kernel (one pass over the vocabulary), weighted by
     D-PACE weights computed from those same rows. norm=plan: divided by the D-PACE
     weight of the whole step over every rank (so a rank split changes nothing);
-    norm=batch: by this batch's weight."""
-    rows, argmax = fused_lm_head_ce_rows(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight,
-                                         targets.flatten(), chunk=ob.chunk, impl=ob.impl,
+    norm=batch: by this batch's weight. `head_targets` index `head`; `reach`: the
+    supervised positions the head can score (a chain ends at the first it cannot)."""
+    rows, argmax = fused_lm_head_ce_rows(hidden.reshape(-1, hidden.shape[-1]), head,
+                                         head_targets.flatten(), chunk=ob.chunk, impl=ob.impl,
                                          chunk_mb=ob.chunk_mb)
     rows = rows.view_as(sup)
-    w = dpace_weights(rows, sup, ob.dpace_alpha)
+    w = dpace_weights(rows, reach, ob.dpace_alpha)
     total = w.sum()
     ranks = 1
     if ob.norm == "plan" and reduce_sum is not None:

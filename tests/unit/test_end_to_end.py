@@ -18,6 +18,25 @@ def test_a_rerun_skips_what_is_done_and_redoes_what_changed(tmp_path):
     assert ran[-1] == "eval"
 
 
+def test_a_redone_stage_redoes_every_stage_after_it(tmp_path):
+    """New prompts (same command text, other content) must not be answered by the old
+    replies, nor trained on them."""
+    ran, redo = [], []
+
+    def recipe(prompts):
+        st = Stages(tmp_path)
+        st.run("prompts", ["gen", prompts], lambda: ran.append("prompts"))
+        st.run("regenerate", ["regen", "prompts.jsonl"], lambda: ran.append("regenerate"),
+               on_redo=lambda: redo.append("regenerate"))
+        st.run("train", ["train"], lambda: ran.append("train"))
+        return st.upstream
+
+    first = recipe(160)
+    assert recipe(160) == first and ran == ["prompts", "regenerate", "train"] and redo == []
+    assert recipe(480) != first
+    assert ran[3:] == ["prompts", "regenerate", "train"] and redo == ["regenerate"]
+
+
 def test_a_missing_model_package_or_model_dir_is_named(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
     from dflash.end_to_end import target_dir

@@ -1,0 +1,110 @@
+"""loss.draft_vocab: the training softmax over the most supervised token ids, against a
+plain-torch reference (materialised logits over those rows), and equal to the full
+softmax when the set is the whole vocabulary."""
+import numpy as np
+import pytest
+import torch
+
+from dflash.data.format import DatasetWriter
+from dflash.errors import ConfigError
+from dflash.model.draft_vocab import DraftVocab
+from dflash.model.loss import Objective, block_embeddings, block_targets, drafter_loss, sample_anchors
+from tests.helpers.models import tiny_drafter, tiny_target
+
+
+def test_counts_only_supervised_tokens_of_the_training_samples(tmp_path):
+    w = DatasetWriter(tmp_path / "d", vocab_size=10)
+    w.add([1, 2, 3, 3], [0, 1, 1, 1])
+    w.add([4, 4, 5], [1, 1, 0])
+    w.add([7, 7, 7], [1, 1, 1])  # held out: not counted with num_samples=2
+    ds = w.close()
+    counts = ds.supervised_counts(2, chunk=3)  # chunks smaller than a sample
+    assert counts.dtype == np.int64
+    assert counts.tolist() == [0, 0, 1, 2, 2, 0, 0, 0, 0, 0]
+    assert ds.supervised_counts()[7] == 3
+
+
+def test_most_frequent_ids_ties_by_lower_id():
+    v = DraftVocab.most_frequent(np.array([0, 5, 2, 5, 0, 1], dtype=np.int64), 4)
+    assert sorted(v.ids.tolist()) == [1, 2, 3, 5]
+    assert v.coverage == pytest.approx(13 / 13)
+    assert DraftVocab.most_frequent(np.array([0, 5, 2, 5, 0, 1]), 2).coverage == pytest.approx(10 / 13)
+    # never-supervised ids fill the set past the supervised ones, lowest id first
+    assert sorted(DraftVocab.most_frequent(np.array([0, 0, 3, 0]), 2).ids.tolist()) == [0, 2]
+    rows, inside = v.targets(torch.tensor([3, 4, 5]))
+    assert inside.tolist() == [True, False, True]
+    assert v.full_ids(rows[inside]).tolist() == [3, 5]
+
+
+def _batch():
+    target = tiny_target()
+    drafter = tiny_drafter(target, layers=2)
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([60, 44, 52])
+    ids = torch.randint(3, 500, (3, 60), generator=g)
+    valid = torch.arange(60)[None] < lengths[:, None]
+    mask = valid & (torch.arange(60)[None] >= 20)
+    anchors = sample_anchors(mask, valid, 6, torch.Generator().manual_seed(4))
+    return target, drafter, ids, mask, valid, anchors, target.context(ids, valid.long())
+
+
+def _grads(drafter, out):
+    drafter.zero_grad()
+    out.loss.backward()
+    return {k: p.grad.clone() for k, p in drafter.named_parameters()}
+
+
+@pytest.mark.parametrize("kind", ["ce", "dpace"])
+def test_whole_vocabulary_as_draft_vocab_equals_the_full_softmax(kind):
+    target, drafter, ids, mask, valid, anchors, ctx = _batch()
+    V = target.vocab_size
+    args = (drafter, ctx, target.embed_tokens, target.lm_head_weight, ids, mask, valid)
+    full = drafter_loss(*args, Objective(6, kind=kind, norm="batch", chunk=16), anchors=anchors)
+    g_full = _grads(drafter, full)
+    # counts that reorder every row: the set is the whole vocabulary in another order
+    vocab = DraftVocab.most_frequent(np.random.default_rng(0).permutation(V), V)
+    sub = drafter_loss(*args, Objective(6, kind=kind, norm="batch", chunk=16, vocab=vocab),
+                       anchors=anchors)
+    torch.testing.assert_close(sub.loss, full.loss, rtol=1e-5, atol=1e-6)
+    assert torch.equal(sub.acc, full.acc) and torch.equal(sub.accept_len, full.accept_len)
+    for k, grad in _grads(drafter, sub).items():
+        torch.testing.assert_close(grad, g_full[k], rtol=1e-4, atol=1e-7, msg=k)
+
+
+def test_subset_loss_and_gradient_equal_the_plain_torch_reference():
+    target, drafter, ids, mask, valid, anchors, ctx = _batch()
+    keep = torch.unique(ids[mask])[::2].contiguous()  # half the supervised ids: the others are misses
+    counts = np.zeros(target.vocab_size, dtype=np.int64)
+    counts[keep.numpy()] = 1
+    vocab = DraftVocab.most_frequent(counts, len(keep))
+    ob = Objective(6, norm="batch", chunk=16, vocab=vocab)
+    out = drafter_loss(drafter, ctx, target.embed_tokens, target.lm_head_weight, ids, mask,
+                       valid, ob, anchors=anchors)
+    got = _grads(drafter, out)
+    # the reference: logits over the kept rows only, every one materialised
+    bs = drafter.spec.block_size
+    emb = block_embeddings(target.embed_tokens, ids, anchors[0], bs, drafter.spec.mask_token_id)
+    hidden = drafter(ctx, valid, anchors[0], anchors[1], emb)[:, :, 1:]
+    targets, sup = block_targets(ids, mask, valid, anchors[0], anchors[1], bs)
+    inside = torch.isin(targets, keep) & sup
+    logits = hidden @ target.lm_head_weight[keep].t()
+    row = torch.searchsorted(keep, torch.where(inside, targets, keep[0]))
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 2), row.flatten(),
+                                           reduction="none").view_as(sup)
+    w = torch.exp(-(torch.arange(1, bs).float() - 1) / 7.0) * inside
+    ref = (ce * w).sum() / w.sum()
+    torch.testing.assert_close(out.loss, ref, rtol=1e-5, atol=1e-6)
+    drafter.zero_grad()
+    ref.backward()
+    for k, p in drafter.named_parameters():
+        torch.testing.assert_close(got[k], p.grad, rtol=1e-4, atol=1e-7, msg=k)
+    # accuracy over every supervised position: a target outside the set is a miss
+    hit = (keep[logits.argmax(-1)] == targets) & inside
+    torch.testing.assert_close(out.acc, hit.sum((0, 1)) / sup.sum((0, 1)).clamp_min(1))
+    assert inside.sum() < sup.sum()
+
+
+def test_distillation_refuses_a_draft_vocabulary():
+    vocab = DraftVocab.most_frequent(np.ones(8, dtype=np.int64), 4)
+    with pytest.raises(ConfigError, match="loss.draft_vocab"):
+        Objective(6, kind="kl", vocab=vocab)
