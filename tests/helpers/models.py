@@ -39,3 +39,16 @@ def packed_row(docs, row_len: int):
         at += len(d)
     pos[0, at:] = torch.arange(row_len - at)
     return ids, pos, valid, spans
+
+
+def loss_batch(target, anchors: int = 6):
+    """Three padded rows (60, 44, 52 tokens, the first 20 unsupervised), a fixed anchor
+    draw and the target's context: one drafter-loss batch, the same in every test."""
+    from dflash.model.loss import sample_anchors
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([60, 44, 52])
+    ids = torch.randint(3, 500, (3, 60), generator=g)
+    valid = torch.arange(60)[None] < lengths[:, None]
+    mask = valid & (torch.arange(60)[None] >= 20)
+    drawn = sample_anchors(mask, valid, anchors, torch.Generator().manual_seed(4))
+    return ids, mask, valid, drawn, target.context(ids, valid.long())

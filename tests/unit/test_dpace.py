@@ -7,8 +7,8 @@ from omegaconf import OmegaConf
 from dflash.config import DrafterConfig
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import (Objective, block_embeddings, block_targets, dpace_weights,
-                               drafter_loss, sample_anchors)
-from tests.helpers.models import tiny_target
+                               drafter_loss)
+from tests.helpers.models import loss_batch, tiny_target
 
 
 def _reference_weights(ce, sup, a):
@@ -49,13 +49,7 @@ def test_gradient_equals_the_plain_torch_formula(layers):
     torch.manual_seed(0)
     drafter = DFlashDrafter(DrafterSpec.from_target(
         target, OmegaConf.structured(DrafterConfig(num_layers=layers))))
-    g = torch.Generator().manual_seed(3)
-    lengths = torch.tensor([60, 44, 52])
-    ids = torch.randint(3, 500, (3, 60), generator=g)
-    valid = torch.arange(60)[None] < lengths[:, None]
-    mask = valid & (torch.arange(60)[None] >= 20)
-    anchors = sample_anchors(mask, valid, 6, torch.Generator().manual_seed(4))
-    ctx = target.context(ids, valid.long())
+    ids, mask, valid, anchors, ctx = loss_batch(target)
     ob = Objective(6, kind="dpace", norm="batch", chunk=16)
     out = drafter_loss(drafter, ctx, target.embed_tokens, target.lm_head_weight, ids, mask, valid,
                        ob, anchors=anchors)

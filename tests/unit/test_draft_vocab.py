@@ -8,8 +8,8 @@ import torch
 from dflash.data.format import DatasetWriter
 from dflash.errors import ConfigError
 from dflash.model.draft_vocab import DraftVocab
-from dflash.model.loss import Objective, block_embeddings, block_targets, drafter_loss, sample_anchors
-from tests.helpers.models import tiny_drafter, tiny_target
+from dflash.model.loss import Objective, block_embeddings, block_targets, drafter_loss
+from tests.helpers.models import loss_batch, tiny_drafter, tiny_target
 
 
 def test_counts_only_supervised_tokens_of_the_training_samples(tmp_path):
@@ -38,14 +38,7 @@ def test_most_frequent_ids_ties_by_lower_id():
 
 def _batch():
     target = tiny_target()
-    drafter = tiny_drafter(target, layers=2)
-    g = torch.Generator().manual_seed(3)
-    lengths = torch.tensor([60, 44, 52])
-    ids = torch.randint(3, 500, (3, 60), generator=g)
-    valid = torch.arange(60)[None] < lengths[:, None]
-    mask = valid & (torch.arange(60)[None] >= 20)
-    anchors = sample_anchors(mask, valid, 6, torch.Generator().manual_seed(4))
-    return target, drafter, ids, mask, valid, anchors, target.context(ids, valid.long())
+    return (target, tiny_drafter(target, layers=2), *loss_batch(target))
 
 
 def _grads(drafter, out):
