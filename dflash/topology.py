@@ -132,13 +132,6 @@ def check_target_tp(cfg, world: int) -> int:
     if tp > 1 and cfg.target_devices:
         raise TopologyError("topology.target_tp > 1 puts each rank on its own device; "
                             "leave topology.target_devices / drafter_devices empty")
-    if 1 < tp < world:
-        # measured at 4 gloo ranks, TP 2: the second group's collectives cross the first's
-        # ("Received data size doesn't match expected size" in the target's embedding):
-        # transformers builds meshes from a group's ranks alone, a collective of all ranks
-        raise TopologyError(f"topology.target_tp={tp} with {world} processes makes "
-                            f"{world // tp} TP groups, which transformers' TP plan cannot "
-                            f"run side by side yet: start {tp} processes (one TP group) a job")
     return tp
 
 

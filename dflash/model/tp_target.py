@@ -18,6 +18,9 @@ reads (its noise embedding and its loss): V x H each, e.g. 1.2 GiB in bf16 for Q
 from __future__ import annotations
 
 import importlib.util
+import math
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -50,6 +53,56 @@ def check_tp(path: str | Path, tp: int) -> None:
                               f"{key}={n} (model.target.path={path})")
 
 
+class _GroupMeshes:
+    """transformers' mesh manager for several TP groups in one job. transformers 5.x
+    derives its TP size as WORLD_SIZE / (the other dims), so with tp < world it shards
+    the target over every rank (two groups' batches then meet in one all-reduce); and it
+    builds its per-head unit meshes from a group's own ranks, while creating a process
+    group is a collective of the whole world (names from a per-process counter: two
+    groups creating theirs at once get the same name, and their ranks meet). Here every
+    mesh is built over the whole world, group by group, on every rank: (pp, dp_replicate,
+    fsdp, tp) = (1, world / tp, 1, tp), a TP group being `tp` consecutive ranks as in
+    `dflash.topology`, and the unit meshes as the (world / tp, units, replicas) mesh's
+    last two dims."""
+
+    def __init__(self, device_type: str, tp: int):
+        from torch.distributed.device_mesh import init_device_mesh
+        from transformers.distributed.utils import TransformersDeviceMesh
+        world = dist.get_world_size()
+        shape = (1, world // tp, 1, tp)
+        self.tp, self.world = tp, world
+        self.manager = TransformersDeviceMesh(
+            init_device_mesh(device_type, shape, mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp")),
+            init_device_mesh(device_type, shape, mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")))
+        self.manager.get_unit_mesh = self.unit_mesh
+
+    def unit_mesh(self, unit_number: int):
+        from torch.distributed.device_mesh import DeviceMesh
+        units = self.manager._unit_meshes
+        groups = math.gcd(int(unit_number), self.tp)
+        if groups not in units:
+            layout = torch.arange(self.world).reshape(self.world // self.tp, groups, self.tp // groups)
+            full = DeviceMesh(self.manager.get_mesh("tp").device_type, mesh=layout,
+                              mesh_dim_names=("dp", "tp", "unit_replicate"))
+            units[groups] = full["tp", "unit_replicate"]
+        return units[groups]
+
+    @contextmanager
+    def installed(self):
+        """transformers' loader takes these meshes instead of building its own."""
+        from transformers.distributed import mixin, utils
+
+        def initialize(_config):
+            return utils._bind_local_device(self.manager.get_mesh("tp").device_type,
+                                            int(os.environ.get("LOCAL_RANK", 0))), self.manager
+        saved = mixin.initialize_distributed_mesh
+        mixin.initialize_distributed_mesh = initialize
+        try:
+            yield
+        finally:
+            mixin.initialize_distributed_mesh = saved
+
+
 class TensorParallelTarget(Target):
     def __init__(self, lm: nn.Module, layer_ids, group):
         super().__init__(lm, layer_ids)
@@ -65,10 +118,18 @@ class TensorParallelTarget(Target):
         if cfg.path is None:
             raise ConfigError("topology.target_tp > 1 shards a target read from disk: set "
                               "model.target.path (the tiny model is built in memory)")
-        check_tp(cfg.path, mesh.size())
-        lm = AutoModelForCausalLM.from_pretrained(str(cfg.path), dtype=getattr(torch, cfg.dtype),
-                                                  local_files_only=True, tp_plan="auto",
-                                                  device_mesh=mesh)
+        from transformers.distributed import DistributedConfig
+        tp = mesh.size()
+        check_tp(cfg.path, tp)
+        meshes = _GroupMeshes(mesh.device_type, tp)
+        ours = meshes.manager.get_mesh("tp").mesh.tolist()
+        if ours != mesh.mesh.tolist():  # the loader's TP group must be this rank's group
+            raise ConfigError(f"topology.target_tp={tp}: transformers' TP group {ours} is not "
+                              f"this rank's group {mesh.mesh.tolist()}")
+        with meshes.installed():
+            lm = AutoModelForCausalLM.from_pretrained(
+                str(cfg.path), dtype=getattr(torch, cfg.dtype), local_files_only=True,
+                distributed_config=DistributedConfig(tp_plan="auto", tp_size=tp))
         lm = _set_attention(lm, cfg.attn_implementation)
         return cls(lm, list(cfg.layer_ids) if cfg.layer_ids else None, mesh.get_group())
 

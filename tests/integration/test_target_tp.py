@@ -27,7 +27,7 @@ def _save_tiny(kind: str, path):
 def _rows(rank):
     """Each rank its own batch: different rows, widths, padding and a packed case."""
     g = torch.Generator().manual_seed(10 + rank)
-    b, s = (3, 11) if rank == 0 else (2, 17)
+    b, s = ((3, 11), (2, 17), (4, 9), (1, 23))[rank]
     ids = torch.randint(3, 300, (b, s), generator=g)
     mask = torch.ones(b, s, dtype=torch.long)
     mask[0, s - 4:] = 0
@@ -35,7 +35,7 @@ def _rows(rank):
     return ids, mask, pos.contiguous()
 
 
-def _hidden_diffs(world, paths) -> dict:
+def _hidden_diffs(world, paths, tp: int = 0) -> dict:
     """Max abs diff of each context of a TP target against the same model whole."""
     from omegaconf import OmegaConf
     from torch.distributed.device_mesh import init_device_mesh
@@ -44,7 +44,8 @@ def _hidden_diffs(world, paths) -> dict:
     from dflash.model.target import Target
     from dflash.model.tp_target import TensorParallelTarget
     rank = torch.distributed.get_rank()
-    mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))["tp"]
+    tp = tp or world  # as dflash.topology lays groups out: `tp` consecutive ranks
+    mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
     diffs = {}
     for kind, path in paths.items():
         cfg = OmegaConf.structured(TargetConfig(path=path))
@@ -56,6 +57,22 @@ def _hidden_diffs(world, paths) -> dict:
         assert torch.equal(tp.lm_head_weight, one.lm_head_weight)
         assert torch.equal(tp.embed_tokens.weight, one.embed_tokens.weight)
     return diffs
+
+
+def _groups_rank(rank, world, port, paths, result):
+    """Hidden states only, with world / 2 TP groups of 2 side by side."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo")
+    try:
+        every = [None] * world
+        torch.distributed.all_gather_object(every, _hidden_diffs(world, paths, tp=2))
+        if rank == 0:
+            torch.save(every, result)
+        torch.distributed.barrier()
+    finally:
+        shutdown_process_group()
 
 
 def _tp_rank(rank, world, port, cache, out, paths, result):
@@ -124,3 +141,18 @@ def test_a_tp_target_gives_one_process_hidden_states_and_training(tmp_path, worl
     # resumed under TP from the step-4 checkpoint: bit-identical to the run that went on
     res_l, res_w, _, _, _ = runs["resumed"]
     assert res_l == tp_l[4:] and all(torch.equal(res_w[k], tp_w[k]) for k in tp_w)
+
+
+@pytest.mark.slow
+def test_two_tp_groups_side_by_side_give_one_process_hidden_states(tmp_path):
+    """4 gloo ranks, `target_tp=2`: two TP groups, each rank its own batch width. Before,
+    transformers sharded the target over all 4 ranks and built each group's meshes alone,
+    and the groups' all-reduces met ("Received data size doesn't match expected size")."""
+    from tests.integration.test_distributed_plans import _free_port
+    _save_tiny("qwen3", tmp_path / "qwen3")
+    mp.spawn(_groups_rank, args=(4, _free_port(), {"qwen3": str(tmp_path / "qwen3")},
+                                 str(tmp_path / "r.pt")), nprocs=4)
+    every = torch.load(tmp_path / "r.pt")
+    worst = {k: max(d[k] for d in every) for k in every[0]}
+    print("max abs diff, 2 TP groups of 2 vs one process (fp32):", worst)
+    assert len(every) == 4 and len(worst) == 3 and all(v < 1e-5 for v in worst.values()), worst
