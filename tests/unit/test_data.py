@@ -149,6 +149,7 @@ def test_prepare_handles_templates_that_rewrite_past_turns(tmp_path, chat_tokeni
     assert "w199" in words  # the rewrite is there, and unsupervised
 
 
+@pytest.mark.slow  # a spawned worker pool (make test-fast stays under a minute)
 def test_prepare_with_workers_matches_single_process(tmp_path, chat_tokenizer):
     rng = np.random.default_rng(1)
     convs = [[{"role": "user", "content": " ".join(f"w{i}" for i in rng.integers(0, 200, 5))},
