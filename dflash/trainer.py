@@ -102,8 +102,8 @@ class Trainer:
         return self
 
     def feature_cache(self):
-        mb = float(self.cfg.model.target.cache_mb or 0)
-        if mb <= 0:
+        mb = float(self.cfg.model.target.cache_mb)
+        if mb == 0:
             return None
         if self.topo.tp_size > 1:
             raise ConfigError("model.target.cache_mb needs topology.target_tp=1: a sharded "
@@ -194,10 +194,7 @@ class Trainer:
     def draft_vocab(self):
         """`loss.draft_vocab` > 0: the training softmax's token ids, ranked by how often
         the training samples supervise them (the same on every rank)."""
-        size = int(self.cfg.loss.get("draft_vocab", 0) or 0)
-        if size < 0:
-            raise ConfigError(f"loss.draft_vocab={size}: give a token count (0: the whole "
-                              "vocabulary)")
+        size = int(self.cfg.loss.draft_vocab)
         if size == 0:
             return None
         counts = np.zeros(int(self.target.vocab_size), dtype=np.int64)

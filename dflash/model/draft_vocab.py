@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dflash.errors import ConfigError
+
 
 class DraftVocab:
     def __init__(self, ids: np.ndarray, vocab_size: int, coverage: float):
@@ -28,6 +30,9 @@ class DraftVocab:
     @classmethod
     def most_frequent(cls, counts: np.ndarray, size: int) -> "DraftVocab":
         """The `size` ids of highest count (int64 counts [vocab]); ties by lower id."""
+        if int(size) <= 0:
+            raise ConfigError(f"loss.draft_vocab={size}: give a token count (0 in the config: "
+                              "the whole vocabulary)")
         counts = np.asarray(counts, dtype=np.int64)
         n = min(int(size), len(counts))
         order = np.lexsort((np.arange(len(counts)), -counts))[:n]  # count desc, id asc

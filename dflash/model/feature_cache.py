@@ -20,11 +20,16 @@ import logging
 import numpy as np
 import torch
 
+from dflash.errors import ConfigError
+
 log = logging.getLogger("dflash.feature_cache")
 
 
 class FeatureCache:
     def __init__(self, lengths: np.ndarray, limit_mb: float):
+        if not float(limit_mb) > 0:
+            raise ConfigError(f"model.target.cache_mb={limit_mb}: give the host memory to keep "
+                              "contexts in, in MB (0 in the config: no cache)")
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.limit = int(float(limit_mb) * 2**20)
         self.rows: dict[int, torch.Tensor] = {}  # sample id -> [len, C] on the host

@@ -97,6 +97,11 @@ def test_subset_loss_and_gradient_equal_the_plain_torch_reference():
     assert inside.sum() < sup.sum()
 
 
+def test_a_size_that_is_no_token_count_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="loss.draft_vocab=-1"):
+        DraftVocab.most_frequent(np.ones(8, dtype=np.int64), -1)
+
+
 def test_distillation_refuses_a_draft_vocabulary():
     vocab = DraftVocab.most_frequent(np.ones(8, dtype=np.int64), 4)
     with pytest.raises(ConfigError, match="loss.draft_vocab"):

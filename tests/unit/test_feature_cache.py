@@ -67,6 +67,12 @@ def test_past_the_limit_samples_are_recomputed(dataset):
     assert cache.misses == 3 and cache.hits == 1
 
 
+def test_a_negative_limit_is_refused_naming_the_key(dataset):
+    from dflash.errors import ConfigError
+    with pytest.raises(ConfigError, match="model.target.cache_mb=-1"):
+        FeatureCache(dataset.lengths, -1)
+
+
 def test_training_with_the_cache_equals_training_without(dataset):
     target = tiny_target()
     runs = []
