@@ -52,8 +52,10 @@ train-real-llama: $(LLAMA_CPP)/build/bin/llama-server
 train-real: $(REAL_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m dflash.end_to_end $(ARGS)
 
+# one worker a core (at most 4), each test file on one worker (its module fixtures, such
+# as a trained run, built once); ARGS="-n 0" runs in this process (for -s or pdb)
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest $(ARGS)
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile $(ARGS)
 
 # the pure unit tests (tests/unit, nothing marked slow): under a minute
 test-fast: $(STAMP)

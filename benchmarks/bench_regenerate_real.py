@@ -1,8 +1,9 @@
 """Regenerate's greedy decodings on a real chat model, on the same batches: HF `generate`,
-plain (one token a step), prompt lookup (blocks of 4) and auto (the default).
+plain (one token a step), prompt lookup (blocks of 4), auto (the default) and, with
+--drafter, a trained dflash drafter (regenerate's `drafter=DIR`).
 
     make real-deps && python benchmarks/bench_regenerate_real.py [--prompts 48] [--max-new 96]
-        [--model DIR] [--json PATH]
+        [--model DIR] [--drafter DIR] [--json PATH]
 
 The prompts are the project's prompt set (`dflash.data.prompt_gen`, seed 1) rendered with
 the model's chat template; the batches are regenerate's own plan (`plan_batches`, the
@@ -30,6 +31,7 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--cap", type=int, default=64, help="rows per batch (regenerate's default)")
     ap.add_argument("--model")
+    ap.add_argument("--drafter", help="a trained drafter of this model (train-*/drafter)")
     ap.add_argument("--json")
     a = ap.parse_args()
     from omegaconf import OmegaConf
@@ -38,9 +40,10 @@ def main() -> None:
     from dflash.model.gguf import smollm2_dir
     from dflash.config import TargetConfig
     from dflash.data.loss_mask import end_of_turn_ids
-    from dflash.data.prompt_gen import make_prompt
+    from dflash.data.prompt_gen import prompt_set
     from dflash.generation.local import LocalBackend
     from dflash.generation.runner import plan_batches
+    from dflash.model.checkpoint import load_drafter
     from dflash.model.target import Target
 
     repo = Path(__file__).resolve().parents[1]
@@ -48,9 +51,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(str(path))
     target = Target.from_config(OmegaConf.structured(TargetConfig(path=str(path)))).eval()
     prompts = []
-    for i in range(a.prompts):
-        ids = tok.apply_chat_template(make_prompt(i, 1)["messages"], add_generation_prompt=True,
-                                      tokenize=True)
+    for p in prompt_set(a.prompts, 1):
+        ids = tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     stop = sorted(set(end_of_turn_ids(tok)) | {int(tok.eos_token_id)})
     batches = plan_batches([SimpleNamespace(prompt_ids=p) for p in prompts], a.max_new,
@@ -60,9 +62,12 @@ def main() -> None:
           f"{torch.get_num_threads()} threads", flush=True)
     rows, ref = [], None
     with torch.no_grad():
-        for name in ("hf generate", "plain", "lookup", "auto"):
-            be = LocalBackend(target, stop, max_new_tokens=a.max_new,
-                              decoding="auto" if name == "hf generate" else name)
+        drafter = load_drafter(a.drafter).eval() if a.drafter else None
+        for name in ("hf generate", "plain", "lookup", "auto") + (("drafter",) if drafter else ()):
+            be = (LocalBackend(target, stop, max_new_tokens=a.max_new, drafter=drafter)
+                  if name == "drafter" else
+                  LocalBackend(target, stop, max_new_tokens=a.max_new,
+                               decoding="auto" if name == "hf generate" else name))
             t0, out = time.perf_counter(), {}
             for bi, idx in enumerate(batches):
                 batch = [prompts[i] for i in idx]
@@ -73,7 +78,7 @@ def main() -> None:
             toks = sum(r["tokens"] for r in out.values())
             ids = [out[i]["ids"] for i in range(len(prompts))]
             ref = ids if ref is None else ref  # HF generate's, the first
-            rows.append(dict(decoding=name if name == "hf generate" else be.decoding,
+            rows.append(dict(decoding=name if name in ("hf generate", "drafter") else be.decoding,
                              seconds=sec, tokens=toks, tokens_per_second=toks / sec,
                              equal_to_hf_greedy=sum(x == y for x, y in zip(ids, ref)),
                              rows=len(ids)))

@@ -90,18 +90,17 @@ def app(module: str, args: list) -> None:
                           "rerun: finished stages are skipped")
 
 
-def write_prompt_sets(work: Path, n_train: int, n_heldout: int) -> None:
-    from dflash.data.prompt_gen import make_prompt
-    train = [make_prompt(i, 0) for i in range(n_train)]
-    seen = {json.dumps(p["messages"]) for p in train}
-    heldout, i = [], 0
-    while len(heldout) < n_heldout and i < 50 * n_heldout:  # seed 1, minus repeats
-        p = make_prompt(i, 1)
-        i += 1
-        if json.dumps(p["messages"]) not in seen:
-            heldout.append(p)
-            seen.add(json.dumps(p["messages"]))
-    for name, rows in (("prompts.jsonl", train), ("heldout.jsonl", heldout)):
+def prompt_sets(n_train: int, n_heldout: int) -> dict:
+    """Distinct training prompts (seed 0) and held-out ones (seed 1) none of which is
+    also a training prompt: {file name: rows}."""
+    from dflash.data.prompt_gen import prompt_set
+    train = prompt_set(n_train, 0)
+    heldout = prompt_set(n_heldout, 1, exclude={p["messages"][0]["content"] for p in train})
+    return {"prompts.jsonl": train, "heldout.jsonl": heldout}
+
+
+def write_prompt_sets(work: Path, sets: dict) -> None:
+    for name, rows in sets.items():
         (work / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -149,8 +148,12 @@ def run(cfg: DictConfig) -> dict:
     from dflash.model.gguf import smollm2_dir
     tgt = Path(str(cfg.target)) if cfg.target else smollm2_dir(str(cfg.cache_dir), convert=False)
     st.run("target", ["convert", str(tgt)], lambda: target_dir(cfg, work))
-    st.run("prompts", ["prompt_gen", int(cfg.prompts), int(cfg.heldout)],
-           lambda: write_prompt_sets(work, int(cfg.prompts), int(cfg.heldout)))
+    # the marker holds the prompts' digest, not only the counts: a changed generator
+    # writes other prompts for the same command, and every later stage must follow
+    sets = prompt_sets(int(cfg.prompts), int(cfg.heldout))
+    digest = hashlib.sha1(json.dumps(sets, sort_keys=True).encode()).hexdigest()[:12]
+    st.run("prompts", ["prompt_gen", int(cfg.prompts), int(cfg.heldout), digest],
+           lambda: write_prompt_sets(work, sets))
     model = ["model=hf", f"model.target.path={tgt}"]
     regen = [f"inputs=[{work / 'prompts.jsonl'}]", f"out={work / 'replies.jsonl'}", *model,
              f"max_new_tokens={int(cfg.max_new_tokens)}", f"hydra.run.dir={work / 'regenerate'}",

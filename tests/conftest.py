@@ -3,6 +3,10 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # workers share the cores: a worker's torch (and every process its tests start)
+    # takes one thread, not one a core each (oversubscribed threads spin and stall)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pathlib import Path  # noqa: E402
 
@@ -38,6 +42,10 @@ def world_cache(tmp_path_factory):
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         return Path(keep)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one cache for every worker of this run
+        shared = tmp_path_factory.getbasetemp().parent / "world-cache"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("world-cache")
 
 

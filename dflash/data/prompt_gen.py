@@ -7,6 +7,11 @@ word problems (with the answer, so replies can be checked), rewriting a sentence
 listing items, short explanations, and small code tasks. Each line is a prompt-only
 conversation ({"id", "kind", "messages": [{"role": "user", ...}], "answer"?}), which
 `dflash.regenerate` answers with the target (its reply becomes the final turn).
+
+Every prompt of a set is distinct (a repeated prompt is a repeated greedy reply: time
+spent generating it again, and a training set that teaches one reply twice). A kind
+whose templates run out (a few hundred prompts each, past ~100 a kind) gives its turn
+to arithmetic, whose numbers do not run out.
 """
 from __future__ import annotations
 
@@ -15,28 +20,65 @@ import json
 import random
 from pathlib import Path
 
-NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivo", "Jun"]
-ITEMS = ["apples", "books", "pencils", "stamps", "marbles", "cookies", "tickets", "shells"]
+KINDS = ("arithmetic", "rewrite", "list", "explain", "code")
+NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivo", "Jun",
+         "Kofi", "Lena", "Mateo", "Nina", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tomas"]
+ITEMS = ["apples", "books", "pencils", "stamps", "marbles", "cookies", "tickets", "shells",
+         "stickers", "coins", "cards", "buttons", "eggs", "bottles", "plants", "candles"]
 TOPICS = ["why the sky is blue", "how a bicycle stays upright", "what a prime number is",
           "how vaccines work", "why ice floats", "what inflation is", "how rainbows form",
-          "what a hash table is", "why leaves change colour", "how a compiler works"]
+          "what a hash table is", "why leaves change colour", "how a compiler works",
+          "how the heart pumps blood", "what photosynthesis does", "how a battery stores energy",
+          "why the moon has phases", "what a neural network is", "how tides work",
+          "what an API is", "why bread rises", "how an airplane wing makes lift",
+          "what recursion is", "how earthquakes happen", "what a black hole is",
+          "how interest on a loan works", "why we have seasons", "what DNA does",
+          "how a refrigerator keeps food cold", "what encryption is", "how sound travels",
+          "why metal feels colder than wood", "what a database index is"]
+AUDIENCES = ["", " to a ten-year-old", " to a first-year university student"]
 SENTENCES = ["the meeting was moved to friday because the room was booked",
              "our team finished the project early and under budget",
              "the train was late so we missed the first half of the film",
-             "she fixed the bug after reading the logs for an hour"]
-STYLES = ["more formal", "shorter", "friendlier", "in the passive voice", "as a question"]
+             "she fixed the bug after reading the logs for an hour",
+             "the new library opens next month with longer hours",
+             "he forgot his umbrella and got soaked on the way home",
+             "the company will hire ten engineers this spring",
+             "we cancelled the picnic because of the storm warning",
+             "the recipe needs two cups of flour and a pinch of salt",
+             "my neighbour has been learning to play the violin",
+             "the report was sent to the client before the deadline",
+             "they painted the kitchen a bright shade of yellow",
+             "the museum is free for students on sundays",
+             "our flight was delayed by three hours at the airport",
+             "the children planted tomatoes in the school garden",
+             "the software update fixed the battery drain on older phones"]
+STYLES = ["more formal", "shorter", "friendlier", "in the passive voice", "as a question",
+          "more politely", "for a newspaper headline", "in simpler words"]
 LISTS = ["fruits that are red", "countries in South America", "ways to save energy at home",
-         "programming languages", "musical instruments", "tips for a job interview"]
+         "programming languages", "musical instruments", "tips for a job interview",
+         "animals that live in the ocean", "board games for a family evening",
+         "healthy breakfast ideas", "famous scientists", "things to pack for a camping trip",
+         "ways to reduce stress", "vegetables that grow underground", "European capitals",
+         "hobbies you can do indoors", "parts of a computer", "birds found in cities",
+         "questions to ask a new landlord", "sports played with a ball",
+         "uses for a spreadsheet", "kitchen tools every cook needs", "rivers in Africa",
+         "ways to learn a new language", "safety rules for a science lab"]
 CODE = ["reverses a string", "checks whether a number is prime", "returns the largest of a "
         "list of numbers", "counts the vowels in a string", "computes the factorial of n",
-        "merges two sorted lists"]
-LANGS = ["Python", "JavaScript", "C", "Rust"]
+        "merges two sorted lists", "removes duplicates from a list",
+        "checks whether a string is a palindrome", "returns the n-th Fibonacci number",
+        "sums the digits of an integer", "converts Celsius to Fahrenheit",
+        "finds the second smallest number in a list", "counts the words in a sentence",
+        "returns the greatest common divisor of two numbers",
+        "checks whether a year is a leap year", "capitalizes the first letter of each word"]
+LANGS = ["Python", "JavaScript", "C", "Rust", "Go", "Java"]
+CODE_ASKS = ["", " Add a short comment explaining it.", " Include one example call."]
 
 
 def _arithmetic(r: random.Random) -> tuple[str, str]:
     name, item = r.choice(NAMES), r.choice(ITEMS)
     a, b, c = r.randint(3, 60), r.randint(2, 30), r.randint(2, 9)
-    kind = r.randrange(3)
+    kind = r.randrange(5)
     if kind == 0:
         text = (f"{name} has {a} {item} and buys {b} more. Then {name} gives away {c}. "
                 f"How many {item} does {name} have now?")
@@ -44,37 +86,60 @@ def _arithmetic(r: random.Random) -> tuple[str, str]:
     if kind == 1:
         text = f"{name} packs {item} into {c} boxes with {b} in each box. How many {item} is that?"
         return text, str(b * c)
-    total = b * c
-    text = f"{name} shares {total} {item} equally among {c} friends. How many does each get?"
-    return text, str(b)
+    if kind == 2:
+        text = f"{name} shares {b * c} {item} equally among {c} friends. How many does each get?"
+        return text, str(b)
+    if kind == 3:
+        price, note = r.randint(2, 9), r.choice([50, 100])
+        count = r.randint(2, note // price - 1)
+        text = (f"{name} buys {count} {item} at {price} dollars each and pays with a "
+                f"{note}-dollar note. How much change does {name} get?")
+        return text, str(note - count * price)
+    speed, hours = r.randint(20, 90), r.randint(2, 9)
+    text = f"A bus drives at {speed} km per hour for {hours} hours. How far does it travel in km?"
+    return text, str(speed * hours)
 
 
-def make_prompt(i: int, seed: int) -> dict:
-    """Prompt i of the set (deterministic in (i, seed))."""
-    r = random.Random(seed * 1_000_003 + i)
-    kind = ("arithmetic", "rewrite", "list", "explain", "code")[i % 5]
-    answer = None
+def _draw(kind: str, r: random.Random) -> tuple[str, str | None]:
     if kind == "arithmetic":
         text, answer = _arithmetic(r)
-        text += " Explain your steps, then give the final answer."
-    elif kind == "rewrite":
-        text = f"Rewrite this sentence {r.choice(STYLES)}: \"{r.choice(SENTENCES).capitalize()}.\""
-    elif kind == "list":
-        text = f"List {r.randint(3, 8)} {r.choice(LISTS)}, one per line."
-    elif kind == "explain":
-        text = f"Explain {r.choice(TOPICS)} in {r.randint(2, 4)} sentences."
-    else:
-        text = f"Write a {r.choice(LANGS)} function that {r.choice(CODE)}."
-    rec = {"id": f"{kind}-{i}", "kind": kind, "messages": [{"role": "user", "content": text}]}
-    if answer is not None:
-        rec["answer"] = answer
-    return rec
+        return text + " Explain your steps, then give the final answer.", answer
+    if kind == "rewrite":
+        return (f"Rewrite this sentence {r.choice(STYLES)}: "
+                f"\"{r.choice(SENTENCES).capitalize()}.\""), None
+    if kind == "list":
+        return f"List {r.randint(3, 8)} {r.choice(LISTS)}, one per line.", None
+    if kind == "explain":
+        return f"Explain {r.choice(TOPICS)}{r.choice(AUDIENCES)} in {r.randint(2, 5)} sentences.", None
+    return f"Write a {r.choice(LANGS)} function that {r.choice(CODE)}.{r.choice(CODE_ASKS)}", None
+
+
+def prompt_set(n: int, seed: int, exclude=()) -> list[dict]:
+    """n distinct prompts, none of whose texts is in `exclude` (deterministic in
+    (n, seed, exclude)); prompt i's kind is KINDS[i % 5] unless that kind ran out."""
+    seen, rows = set(exclude), []
+    for i in range(int(n)):
+        kind = KINDS[i % len(KINDS)]
+        for attempt in range(10_000):
+            # past 64 draws of one kind without a new prompt, the kind has run out
+            k = kind if attempt < 64 else "arithmetic"
+            text, answer = _draw(k, random.Random(f"{seed}/{i}/{attempt}"))
+            if text not in seen:
+                break
+        else:
+            raise ValueError(f"prompt_gen: no new prompt after 10,000 draws at prompt {i}")
+        seen.add(text)
+        rec = {"id": f"{k}-{i}", "kind": k, "messages": [{"role": "user", "content": text}]}
+        if answer is not None:
+            rec["answer"] = answer
+        rows.append(rec)
+    return rows
 
 
 def write_prompts(n: int, out: str | Path, seed: int = 0) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(make_prompt(i, seed)) + "\n" for i in range(int(n))))
+    out.write_text("".join(json.dumps(p) + "\n" for p in prompt_set(n, seed)))
     return out
 
 

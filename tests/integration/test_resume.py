@@ -184,29 +184,39 @@ def test_two_gloo_ranks_preempted_then_resumed(tmp_path, world_cache):
     same step, and the resumed pair ends with the uninterrupted pair's weights."""
     budget = _odd_batch_budget(world_cache, tmp_path)
 
-    def cmd(run, *extra):
+    def cmd(run, port, *extra):
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                "--master_port=29531", *_args(world_cache, run, "topology=pairs",
-                                               "logger.log_every=5",
-                                               f"batching.token_budget={budget}", *extra,
-                                               epochs=1)[1:]]
+                f"--master_port={port}", *_args(world_cache, run, "topology=pairs",
+                                                "logger.log_every=5",
+                                                f"batching.token_budget={budget}", *extra,
+                                                epochs=1)[1:]]
     env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    ref = tmp_path / "ref"
-    torchrun_ok(subprocess.run(cmd(ref), cwd=REPO, env=env, capture_output=True, text=True,
-                                timeout=300))
+    # the uninterrupted pair and the pair to interrupt run side by side (their ranks
+    # spend most of their time starting up; the runs are deterministic, so sharing
+    # the cores changes when they finish, not what they compute)
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    ref_proc = subprocess.Popen(cmd(ref, 29531), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd(run, 29533), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(run / "checkpoints" / "step-000000005", proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        _, ref_err = ref_proc.communicate(timeout=300)
+    finally:
+        for p in (proc, ref_proc):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    torchrun_ok(subprocess.CompletedProcess(ref_proc.args, ref_proc.returncode, "", ref_err))
     a = json.loads((ref / "summary.json").read_text())
     assert a["world_size"] == 2 and a["batches_per_epoch"] % 2 == 1
     assert a["steps"] == a["steps_per_epoch"] == (a["batches_per_epoch"] + 1) // 2
     assert len(a["replica_digests"]) == 2 and len(set(a["replica_digests"])) == 1
-    run = tmp_path / "run"
-    proc = subprocess.Popen(cmd(run), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    _wait_for(run / "checkpoints" / "step-000000005", proc)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
     cut = json.loads((run / "summary.json").read_text())
     assert cut["preempted"] and cut["steps"] < a["steps"], err[-2000:]
-    torchrun_ok(subprocess.run(cmd(run, "resume=auto"), cwd=REPO, env=env,
+    torchrun_ok(subprocess.run(cmd(run, 29531, "resume=auto"), cwd=REPO, env=env,
                                 capture_output=True, text=True, timeout=300))
     b = json.loads((run / "summary.json").read_text())
     assert b["resumed_from"] and b["steps"] == a["steps"]

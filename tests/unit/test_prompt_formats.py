@@ -67,22 +67,42 @@ def test_regenerate_reads_benchmark_files_as_prompt_only_conversations(tmp_path)
 
 def test_the_prompt_set_is_seeded_mixed_checkable_and_regenerate_reads_it(tmp_path):
     import re
-    from dflash.data.prompt_gen import make_prompt, write_prompts
+    from dflash.data.prompt_gen import prompt_set, write_prompts
     path = write_prompts(25, tmp_path / "p.jsonl", seed=3)
     rows = [json.loads(x) for x in path.read_text().splitlines()]
-    assert rows == [make_prompt(i, 3) for i in range(25)] != [make_prompt(i, 4) for i in range(25)]
+    assert rows == prompt_set(25, 3) != prompt_set(25, 4)
     assert {r["kind"] for r in rows} == {"arithmetic", "rewrite", "list", "explain", "code"}
-    for r in rows:
+    for r in prompt_set(200, 5):
         if r["kind"] != "arithmetic":
             continue
         text = r["messages"][0]["content"]
         nums = [int(x) for x in re.findall(r"\d+", text)]
-        if "buys" in text:
+        if "buys" in text and "more" in text:
             assert int(r["answer"]) == nums[0] + nums[1] - nums[2]
         elif "boxes" in text:
             assert int(r["answer"]) == nums[0] * nums[1]
-        else:
+        elif "shares" in text:
             assert int(r["answer"]) * nums[1] == nums[0]
+        elif "change" in text:
+            assert int(r["answer"]) == nums[2] - nums[0] * nums[1] > 0
+        else:
+            assert "km per hour" in text and int(r["answer"]) == nums[0] * nums[1]
     convs, skipped = read_conversations([path])
     assert len(convs) == 25 and not skipped  # prompts only: each gets its reply as a final turn
     assert all(c.messages[-1] == {"role": "assistant", "content": ""} for c in convs)
+
+
+def test_a_prompt_set_repeats_no_prompt_and_a_kind_that_runs_out_gives_way():
+    """A repeated prompt is a repeated greedy reply; 1,000 prompts ask 200 of each kind,
+    more than the rewrite templates hold: arithmetic takes the rest, still distinct."""
+    from collections import Counter
+    from dflash.data.prompt_gen import prompt_set
+    rows = prompt_set(1000, 0)
+    texts = [r["messages"][0]["content"] for r in rows]
+    assert len(set(texts)) == 1000
+    kinds = Counter(r["kind"] for r in rows)
+    assert kinds["rewrite"] < 200 < kinds["arithmetic"] and sum(kinds.values()) == 1000
+    assert [r["kind"] for r in rows[:100]] == ["arithmetic", "rewrite", "list", "explain",
+                                                "code"] * 20  # in turn while none ran out
+    held = prompt_set(50, 1, exclude=set(texts))
+    assert not {r["messages"][0]["content"] for r in held} & set(texts)
