@@ -140,7 +140,8 @@ def check(tree: Path, target: Path, drafter: Path, report: dict, out: Path,
             "equal_prompts": {**engines(same), "same_accepted_per_prompt": all(
                 r["accepted"] == r["dflash_accepted"] for r in same),
                 # the engines may count the step that reaches the token cap or EOS
-                # differently; every earlier step's drafts agree when this holds
+                # differently: when this holds, the totals are consistent with every
+                # earlier step agreeing (the server reports totals, not steps)
                 "differences_only_in_final_step": None if None in last else all(
                     r["dflash_accepted"] - r["dflash_last_step_accepted"] <= r["accepted"]
                     <= r["dflash_accepted"] for r in same)},
