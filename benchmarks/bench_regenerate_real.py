@@ -64,10 +64,10 @@ def main() -> None:
     with torch.no_grad():
         drafter = load_drafter(a.drafter).eval() if a.drafter else None
         for name in ("hf generate", "plain", "lookup", "auto") + (("drafter",) if drafter else ()):
-            be = (LocalBackend(target, stop, max_new_tokens=a.max_new, drafter=drafter)
-                  if name == "drafter" else
-                  LocalBackend(target, stop, max_new_tokens=a.max_new,
-                               decoding="auto" if name == "hf generate" else name))
+            # a drafter, when given, is the proposer whatever `decoding` says
+            be = LocalBackend(target, stop, max_new_tokens=a.max_new,
+                              drafter=drafter if name == "drafter" else None,
+                              decoding=name if name in ("plain", "lookup") else "auto")
             t0, out = time.perf_counter(), {}
             for bi, idx in enumerate(batches):
                 batch = [prompts[i] for i in idx]

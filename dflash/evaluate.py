@@ -48,7 +48,11 @@ def main_app(cfg) -> dict:
               "format": choice(cfg.format), "temperature": float(cfg.temperature),
               "max_new_tokens": int(cfg.max_new_tokens), **res.as_dict(),
               "prompt_ids": [list(map(int, p)) for p in prompts],
-              "tokens": [list(map(int, t)) for t in res.tokens]}
+              "tokens": [list(map(int, t)) for t in res.tokens],
+              # drafts accepted by each prompt's final verify step: where another engine's
+              # count may differ (it ends at the token cap or EOS inside that step; the
+              # llama.cpp check reads it)
+              "per_prompt_last_step_accepted": [r[-1] - 1 if r else 0 for r in res.accept_lengths]}
     report["interval"] = bootstrap_acceptance(res.per_prompt, report["per_prompt_steps"])
     report["baselines"] = {}
     for name, proposer in zip(cfg.baselines, baselines):

@@ -54,10 +54,6 @@ class EvalResult:
                 # verify steps per prompt: with per_prompt, the pooled mean of any resample
                 # of the prompts (the comparison's bootstrap of the eval's own noise)
                 "per_prompt_steps": [len(r) for r in self.accept_lengths],
-                # drafts accepted by each prompt's final verify step: where another engine's
-                # count may differ (it ends at the token cap or EOS inside that step)
-                "per_prompt_last_step_accepted": [r[-1] - 1 if r else 0
-                                                  for r in self.accept_lengths],
                 "histogram": self.histogram,
                 "verify_steps": int(sum(len(r) for r in self.accept_lengths)),
                 "generated_tokens": int(sum(len(t) for t in self.tokens))}
