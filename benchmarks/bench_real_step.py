@@ -1,7 +1,7 @@
 """Where a training step's time goes on a real model: target forward, drafter, LM-head loss.
 
     make real-deps && python benchmarks/bench_real_step.py DATA_DIR [--rows 16]
-        [--model DIR] [--anchors 32 64 128] [--blocks 8 16] [--repeats 3]
+        [--model DIR] [--anchors 32 64 128] [--blocks 8 16] [--repeats 3] [--autocast bf16]
 
 DATA_DIR: a data set `dflash.data.prepare` wrote for the model (e.g. the real-model
 recipe's `.cache/dflash/end_to_end/smollm2/data`). One batch of its first `--rows`
@@ -13,6 +13,7 @@ share is the difference. Best of `--repeats` after one warm-up run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,8 @@ def main() -> None:
     ap.add_argument("--anchors", type=int, nargs="+", default=[32, 64, 128])
     ap.add_argument("--blocks", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--autocast", choices=["off", "bf16"], default="off",
+                    help="bf16: the target forward and the drafter step under bf16 autocast")
     a = ap.parse_args()
     from omegaconf import OmegaConf
 
@@ -64,8 +67,11 @@ def main() -> None:
         mask[r, :len(t)] = torch.tensor(m, dtype=torch.bool)
         valid[r, :len(t)] = True
     real = int(valid.sum())
-    t_target = best(lambda: target.context(ids, valid.long()), a.repeats)
-    ctx = target.context(ids, valid.long())
+    cast = (torch.autocast("cpu", dtype=torch.bfloat16) if a.autocast == "bf16"
+            else contextlib.nullcontext())
+    with cast:
+        t_target = best(lambda: target.context(ids, valid.long()), a.repeats)
+        ctx = target.context(ids, valid.long())
     print(f"{path.name}: {len(rows)} rows x {s} (real {real} tokens), {torch.get_num_threads()} "
           f"threads; target forward {t_target:.2f} s ({real / t_target:.0f} tok/s)")
     print(f"{'anchors':>8} {'block':>6} {'drafter f+b':>12} {'+ LM-head CE':>13} {'LM head share':>14}"
@@ -91,7 +97,8 @@ def main() -> None:
                 out.loss.backward()
                 d.zero_grad(set_to_none=True)
 
-            t_d, t_f = best(drafter_only, a.repeats), best(full, a.repeats)
+            with cast:
+                t_d, t_f = best(drafter_only, a.repeats), best(full, a.repeats)
             print(f"{n:8d} {bs:6d} {t_d:11.2f}s {t_f:12.2f}s {100 * (t_f - t_d) / t_f:13.0f}%"
                   f" {t_target + t_f:9.2f}s", flush=True)
 

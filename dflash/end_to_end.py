@@ -105,17 +105,42 @@ def write_prompt_sets(work: Path, sets: dict) -> None:
 
 
 def overrides(keys, prefix: str = "") -> list:
-    """A nested dict of an app's keys -> its command-line overrides (a.b.c=value)."""
+    """A nested dict of an app's keys -> its command-line overrides (a.b.c=value). A
+    group's `_group_` key chooses that config group of the app (`loss: {_group_: dpace,
+    draft_vocab: 4096}` -> loss=dpace loss.draft_vocab=4096)."""
     from omegaconf import OmegaConf
     out = []
     for k, v in (OmegaConf.to_container(keys, resolve=True) if OmegaConf.is_config(keys)
                  else keys).items():
         if isinstance(v, dict):
-            out += overrides(v, f"{prefix}{k}.")
+            if "_group_" in v:
+                out.append(f"{prefix}{k}={v['_group_']}")
+            out += overrides({a: b for a, b in v.items() if a != "_group_"}, f"{prefix}{k}.")
         else:
             text = json.dumps(v) if isinstance(v, (bool, list)) or v is None else str(v)
             out.append(f"{prefix}{k}={text}")
     return out
+
+
+def with_group_choices(keys, recipe) -> list:
+    """An app's overrides where a group choice replaced the recipe's keys for that group
+    (`train.loss=ce` where the recipe nests `loss: {_group_: dpace, draft_vocab: 4096}`):
+    the choice selects the app's config group, and the recipe's other keys for it
+    still apply on top (loss=ce loss.draft_vocab=4096)."""
+    from omegaconf import OmegaConf
+    keys = OmegaConf.to_container(keys, resolve=True) if OmegaConf.is_config(keys) else keys
+    out = overrides(keys)
+    for k, v in keys.items():
+        if isinstance(v, str) and isinstance(recipe.get(k), dict):
+            out += overrides({a: b for a, b in recipe[k].items() if a != "_group_"}, f"{k}.")
+    return out
+
+
+def recipe_keys(app: str) -> dict:
+    """The recipe file's own keys for `app` (before any command-line override)."""
+    from omegaconf import OmegaConf
+    raw = OmegaConf.load(Path(__file__).parent / "conf" / "end_to_end.yaml")
+    return OmegaConf.to_container(raw.get(app) or OmegaConf.create({}), resolve=False)
 
 
 def train_digest(keys: list, data: str = "") -> str:
@@ -157,7 +182,7 @@ def run(cfg: DictConfig) -> dict:
     model = ["model=hf", f"model.target.path={tgt}"]
     regen = [f"inputs=[{work / 'prompts.jsonl'}]", f"out={work / 'replies.jsonl'}", *model,
              f"max_new_tokens={int(cfg.max_new_tokens)}", f"hydra.run.dir={work / 'regenerate'}",
-             *overrides(cfg.regenerate)]
+             *with_group_choices(cfg.regenerate, recipe_keys("regenerate"))]
     parts = work / "replies.jsonl.parts"
 
     def stale_parts():  # replies of other prompts or settings: regenerate would refuse them
@@ -168,7 +193,7 @@ def run(cfg: DictConfig) -> dict:
     prep = ["--jsonl", work / "replies.jsonl", "--tokenizer", tgt, "--out", work / "data"]
     st.run("prepare", list(map(str, prep)), lambda: app("dflash.data.prepare", prep))
     keys = [*model, "data=tokenized", f"data.path={work / 'data'}", "eval.enabled=false",
-            *overrides(cfg.train)]
+            *with_group_choices(cfg.train, recipe_keys("train"))]
     # a run dir per training config: a killed run resumes (resume=auto), a changed one
     # starts afresh beside it instead of being refused as a changed plan
     # (and per data set: new replies train afresh, never resume a run on the old ones)
@@ -178,7 +203,8 @@ def run(cfg: DictConfig) -> dict:
     ev = [f"drafter={run_dir / 'drafter'}", *model, f"prompts={work / 'heldout.jsonl'}",
           "format=chat", f"max_new_tokens={int(cfg.eval_max_new_tokens)}",
           "baselines=[untrained,lookup,ngram]", f"ngram_data={work / 'data'}",
-          f"out={work / 'eval.json'}", f"hydra.run.dir={work / 'eval'}", *overrides(cfg.eval)]
+          f"out={work / 'eval.json'}", f"hydra.run.dir={work / 'eval'}",
+          *with_group_choices(cfg.eval, recipe_keys("eval"))]
     st.run("eval", ev, lambda: app("dflash.eval", ev))
     serve_check(cfg, st, work, tgt, run_dir / "drafter")
     return summarize(work, run_dir, st.seconds)

@@ -81,3 +81,23 @@ def test_each_stage_takes_its_apps_keys_nested_as_in_its_config():
     # each is a valid override of its app
     compose("train", train)
     compose("eval", overrides(cfg.eval))
+
+
+def test_a_group_choice_for_a_stage_keeps_the_recipes_keys_for_that_group():
+    """`train.loss=ce` chooses the train app's loss group; the recipe's other keys for it
+    (the draft vocabulary) still apply, and the composed config is that group's."""
+    from dflash.config import compose
+    from dflash.end_to_end import overrides, recipe_keys, with_group_choices
+    assert overrides({"loss": {"_group_": "dpace", "draft_vocab": 7}}) == [
+        "loss=dpace", "loss.draft_vocab=7"]
+    recipe = {"loss": {"_group_": "dpace", "draft_vocab": 7}, "epochs": 2}
+    assert with_group_choices({"loss": "kl", "epochs": 3}, recipe) == [
+        "loss=kl", "epochs=3", "loss.draft_vocab=7"]
+    default = with_group_choices(compose("end_to_end", []).train, recipe_keys("train"))
+    chosen = with_group_choices(compose("end_to_end", ["train.loss=ce"]).train,
+                                recipe_keys("train"))
+    vocab = [k for k in default if k.startswith("loss.draft_vocab=")]
+    assert vocab and set(vocab) <= set(chosen) and "loss=ce" in chosen
+    keys = ["model=hf", "model.target.path=/m", "data=tokenized", "data.path=/d"]
+    loss = compose("train", [*keys, *chosen]).loss
+    assert loss.kind == "ce" and f"loss.draft_vocab={loss.draft_vocab}" in vocab
