@@ -187,7 +187,7 @@ class EndToEndConfig:
     workdir: str = ".cache/dflash/end_to_end/smollm2"  # every stage's output; reruns skip
     target: Optional[str] = None  # a local HF chat model dir; None: the packaged SmolLM2
     cache_dir: str = ".cache/dflash"  # where the packaged model is converted, once
-    prompts: int = 1440  # training prompts (dflash.data.prompt_gen, seed 0), all distinct
+    prompts: int = 1200  # training prompts (dflash.data.prompt_gen, seed 0), all distinct
     heldout: int = 32  # eval prompts of the same kinds (seed 1), none in the training set
     max_new_tokens: int = 128  # per regenerated reply
     eval_max_new_tokens: int = 64  # tokens decoded per held-out prompt

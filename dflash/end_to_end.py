@@ -91,11 +91,12 @@ def app(module: str, args: list) -> None:
 
 
 def prompt_sets(n_train: int, n_heldout: int) -> dict:
-    """Distinct training prompts (seed 0) and held-out ones (seed 1) none of which is
-    also a training prompt: {file name: rows}."""
+    """Held-out prompts (seed 1) drawn first, then distinct training prompts (seed 0)
+    none of which is also a held-out one: {file name: rows}. Held-out first, so they
+    span every kind however many training prompts exhaust a kind's templates."""
     from dflash.data.prompt_gen import prompt_set
-    train = prompt_set(n_train, 0)
-    heldout = prompt_set(n_heldout, 1, exclude={p["messages"][0]["content"] for p in train})
+    heldout = prompt_set(n_heldout, 1)
+    train = prompt_set(n_train, 0, exclude={p["messages"][0]["content"] for p in heldout})
     return {"prompts.jsonl": train, "heldout.jsonl": heldout}
 
 

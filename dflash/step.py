@@ -11,6 +11,7 @@ drafter keeps fp32 master weights and computes under `torch.autocast` when enabl
 """
 from __future__ import annotations
 
+import platform
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -48,6 +49,18 @@ def autocast_for(device: torch.device, mode: str):
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def emulated_bf16(device: torch.device) -> bool:
+    """True on an x86 CPU without bf16 dot products (AVX512-BF16 or AMX): bf16 matmuls
+    are emulated there and run slower than float32 (on one with them, ~2x faster)."""
+    if device.type != "cpu" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    native = [getattr(torch.cpu, f, None) for f in ("_is_avx512_bf16_supported",
+                                                     "_is_amx_tile_supported")]
+    if native[0] is None:  # a torch that cannot say: assume nothing
+        return False
+    return not any(f() for f in native if f is not None)
 
 
 @dataclass(frozen=True)

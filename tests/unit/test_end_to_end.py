@@ -101,3 +101,17 @@ def test_a_group_choice_for_a_stage_keeps_the_recipes_keys_for_that_group():
     keys = ["model=hf", "model.target.path=/m", "data=tokenized", "data.path=/d"]
     loss = compose("train", [*keys, *chosen]).loss
     assert loss.kind == "ce" and f"loss.draft_vocab={loss.draft_vocab}" in vocab
+
+
+def test_held_out_prompts_span_every_kind_however_many_training_prompts():
+    """Training prompts exhaust some kinds' templates; held-out ones drawn after them
+    were nearly all arithmetic. Drawn first, they span the kinds; none is trained on."""
+    from collections import Counter
+    from dflash.data.prompt_gen import KINDS
+    from dflash.end_to_end import prompt_sets
+    sets = prompt_sets(1440, 20)
+    kinds = Counter(p["kind"] for p in sets["heldout.jsonl"])
+    assert set(kinds) == set(KINDS) and max(kinds.values()) == 4
+    text = lambda rows: {p["messages"][0]["content"] for p in rows}  # noqa: E731
+    train = text(sets["prompts.jsonl"])
+    assert len(train) == 1440 and not train & text(sets["heldout.jsonl"])

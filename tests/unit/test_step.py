@@ -62,6 +62,20 @@ def test_step_updates_with_bf16_autocast_on_cpu():
     assert torch.isfinite(m["loss"]) and not torch.equal(before, drafter.fc.weight)
 
 
+def test_bf16_is_called_emulated_only_on_an_x86_cpu_without_bf16_dot_products(monkeypatch):
+    from dflash import step as step_mod
+    monkeypatch.setattr(step_mod.platform, "machine", lambda: "x86_64")
+    for avx512_bf16, amx, emulated in ((False, False, True), (True, False, False),
+                                       (False, True, False)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16,
+                            raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+        assert step_mod.emulated_bf16(torch.device("cpu")) is emulated
+    assert not step_mod.emulated_bf16(torch.device("meta"))
+    monkeypatch.setattr(step_mod.platform, "machine", lambda: "arm64")
+    assert not step_mod.emulated_bf16(torch.device("cpu"))
+
+
 def test_step_never_reads_back_to_the_host(monkeypatch):
     """A step that calls .item() / .tolist() / bool(tensor) stalls the GPU every step."""
     target = Target.from_config(OmegaConf.structured(TargetConfig()))
