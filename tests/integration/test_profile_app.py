@@ -1,7 +1,6 @@
 """`python -m dflash.profile` writes a cost file the plan app and training then use."""
 import json
 
-import pytest
 
 from tests.helpers.run import WORLD, run_module
 

@@ -9,7 +9,6 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
-import pytest
 
 from tests.helpers.paths import REPO
 from tests.helpers.run import run_module, torchrun_ok
