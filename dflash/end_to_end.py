@@ -23,6 +23,7 @@ each stage measured.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -116,7 +117,7 @@ def overrides(keys, prefix: str = "") -> list:
         if isinstance(v, dict):
             if "_group_" in v:
                 out.append(f"{prefix}{k}={v['_group_']}")
-            out += overrides({a: b for a, b in v.items() if a != "_group_"}, f"{prefix}{k}.")
+            out += overrides(_group_keys(v), f"{prefix}{k}.")
         else:
             text = json.dumps(v) if isinstance(v, (bool, list)) or v is None else str(v)
             out.append(f"{prefix}{k}={text}")
@@ -133,15 +134,26 @@ def with_group_choices(keys, recipe) -> list:
     out = overrides(keys)
     for k, v in keys.items():
         if isinstance(v, str) and isinstance(recipe.get(k), dict):
-            out += overrides({a: b for a, b in recipe[k].items() if a != "_group_"}, f"{k}.")
+            out += overrides(_group_keys(recipe[k]), f"{k}.")
     return out
 
 
-def recipe_keys(app: str) -> dict:
-    """The recipe file's own keys for `app` (before any command-line override)."""
+def _group_keys(keys: dict) -> dict:
+    """A group's keys without its `_group_` choice."""
+    return {k: v for k, v in keys.items() if k != "_group_"}
+
+
+@functools.cache
+def _recipe() -> dict:
     from omegaconf import OmegaConf
     raw = OmegaConf.load(Path(__file__).parent / "conf" / "end_to_end.yaml")
-    return OmegaConf.to_container(raw.get(app) or OmegaConf.create({}), resolve=False)
+    return OmegaConf.to_container(raw, resolve=False)
+
+
+def recipe_keys(app: str) -> dict:
+    """The recipe file's own keys for `app` (before any command-line override; the file
+    is read once)."""
+    return dict(_recipe().get(app) or {})
 
 
 def train_digest(keys: list, data: str = "") -> str:
