@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--cap", type=int, default=64, help="rows per batch (regenerate's default)")
     ap.add_argument("--model")
     ap.add_argument("--drafter", help="a trained drafter of this model (train-*/drafter)")
+    ap.add_argument("--dtype", default="float32", help="the target's weights (bfloat16: half the "
+                    "bytes a decode step reads; its own greedy replies, compared with HF's in it)")
+    ap.add_argument("--only", help="comma-separated decodings to run (default: all)")
     ap.add_argument("--json")
     a = ap.parse_args()
     from omegaconf import OmegaConf
@@ -49,7 +52,7 @@ def main() -> None:
     repo = Path(__file__).resolve().parents[1]
     path = Path(a.model) if a.model else smollm2_dir(repo / ".cache" / "dflash")
     tok = AutoTokenizer.from_pretrained(str(path))
-    target = Target.from_config(OmegaConf.structured(TargetConfig(path=str(path)))).eval()
+    target = Target.from_config(OmegaConf.structured(TargetConfig(path=str(path), dtype=a.dtype))).eval()
     prompts = []
     for p in prompt_set(a.prompts, 1):
         ids = tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
@@ -63,7 +66,8 @@ def main() -> None:
     rows, ref = [], None
     with torch.no_grad():
         drafter = load_drafter(a.drafter).eval() if a.drafter else None
-        for name in ("hf generate", "plain", "lookup", "auto") + (("drafter",) if drafter else ()):
+        names = ("hf generate", "plain", "lookup", "auto") + (("drafter",) if drafter else ())
+        for name in [n for n in names if not a.only or n == "hf generate" or n in a.only.split(",")]:
             # a drafter, when given, is the proposer whatever `decoding` says
             be = LocalBackend(target, stop, max_new_tokens=a.max_new,
                               drafter=drafter if name == "drafter" else None,

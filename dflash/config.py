@@ -188,7 +188,7 @@ class EndToEndConfig:
     target: Optional[str] = None  # a local HF chat model dir; None: the packaged SmolLM2
     cache_dir: str = ".cache/dflash"  # where the packaged model is converted, once
     prompts: int = 1200  # training prompts (dflash.data.prompt_gen, seed 0), all distinct
-    heldout: int = 32  # eval prompts of the same kinds (seed 1), none in the training set
+    heldout: int = 48  # eval prompts of the same kinds (seed 1) on subjects of their own
     max_new_tokens: int = 128  # per regenerated reply
     eval_max_new_tokens: int = 64  # tokens decoded per held-out prompt
     # a llama.cpp source tree with DFlash support and build/bin/llama-server: the last

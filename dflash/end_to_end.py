@@ -4,7 +4,7 @@ to finish, each stage one of dflash's own apps.
     target      the model: SmolLM2-135M-Instruct from its pip package, converted once to
                 an HF directory (or `target=DIR`, any local HF chat model)
     prompts     a seeded prompt set (`dflash.data.prompt_gen`) and held-out prompts of
-                the same kinds, none of them in the training set
+                the same kinds on subjects no training prompt mentions
     regenerate  the target answers the training prompts (on-policy replies, token ids kept)
     prepare     the replies -> dflash token data with the model's own chat template
     train       a drafter sized for the model (`model=hf`, its sizes printed)
@@ -92,12 +92,16 @@ def app(module: str, args: list) -> None:
 
 
 def prompt_sets(n_train: int, n_heldout: int) -> dict:
-    """Held-out prompts (seed 1) drawn first, then distinct training prompts (seed 0)
-    none of which is also a held-out one: {file name: rows}. Held-out first, so they
-    span every kind however many training prompts exhaust a kind's templates."""
+    """Held-out prompts (seed 1) drawn first from the held-out subjects, then distinct
+    training prompts (seed 0) from the others, none of them also a held-out prompt:
+    {file name: rows}. Held-out first, so they span every kind however many training
+    prompts exhaust a kind's templates; on subjects of their own, so acceptance on them
+    is drafting for new prompts, not recall of a training reply to the same question
+    asked with another count."""
     from dflash.data.prompt_gen import prompt_set
-    heldout = prompt_set(n_heldout, 1)
-    train = prompt_set(n_train, 0, exclude={p["messages"][0]["content"] for p in heldout})
+    heldout = prompt_set(n_heldout, 1, split="heldout")
+    train = prompt_set(n_train, 0, exclude={p["messages"][0]["content"] for p in heldout},
+                       split="train")
     return {"prompts.jsonl": train, "heldout.jsonl": heldout}
 
 

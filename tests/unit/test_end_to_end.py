@@ -103,15 +103,22 @@ def test_a_group_choice_for_a_stage_keeps_the_recipes_keys_for_that_group():
     assert loss.kind == "ce" and f"loss.draft_vocab={loss.draft_vocab}" in vocab
 
 
-def test_held_out_prompts_span_every_kind_however_many_training_prompts():
+def test_held_out_prompts_span_every_kind_on_subjects_no_training_prompt_mentions():
     """Training prompts exhaust some kinds' templates; held-out ones drawn after them
-    were nearly all arithmetic. Drawn first, they span the kinds; none is trained on."""
+    were nearly all arithmetic. Drawn first, they span the kinds; none is trained on,
+    and none shares a subject with a training prompt (a training reply to the same
+    question with another count would be recalled, not drafted)."""
     from collections import Counter
-    from dflash.data.prompt_gen import KINDS
+    from dflash.data.prompt_gen import KINDS, subjects
     from dflash.end_to_end import prompt_sets
     sets = prompt_sets(1440, 20)
     kinds = Counter(p["kind"] for p in sets["heldout.jsonl"])
     assert set(kinds) == set(KINDS) and max(kinds.values()) == 4
-    text = lambda rows: {p["messages"][0]["content"] for p in rows}  # noqa: E731
-    train = text(sets["prompts.jsonl"])
-    assert len(train) == 1440 and not train & text(sets["heldout.jsonl"])
+    text = lambda rows: [p["messages"][0]["content"] for p in rows]  # noqa: E731
+    train, held = text(sets["prompts.jsonl"]), text(sets["heldout.jsonl"])
+    assert len(set(train)) == 1440 and not set(train) & set(held)
+    own = [x for v in subjects("heldout").values() for x in v]
+    shared = [x for x in own if any(x in t or x.capitalize() in t for t in train)]
+    assert not shared, shared
+    # every held-out prompt but a bus trip (no subject: its numbers are its own) has one
+    assert all(any(x in t or x.capitalize() in t for x in own) for t in held if "bus" not in t)

@@ -93,15 +93,16 @@ def test_the_prompt_set_is_seeded_mixed_checkable_and_regenerate_reads_it(tmp_pa
 
 
 def test_a_prompt_set_repeats_no_prompt_and_a_kind_that_runs_out_gives_way():
-    """A repeated prompt is a repeated greedy reply; 1,000 prompts ask 200 of each kind,
-    more than the rewrite templates hold: arithmetic takes the rest, still distinct."""
+    """A repeated prompt is a repeated greedy reply; 1,400 training-split prompts ask 280
+    of each kind, more than its list and rewrite templates hold: arithmetic takes the rest,
+    still distinct."""
     from collections import Counter
     from dflash.data.prompt_gen import prompt_set
-    rows = prompt_set(1000, 0)
+    rows = prompt_set(1400, 0, split="train")
     texts = [r["messages"][0]["content"] for r in rows]
-    assert len(set(texts)) == 1000
+    assert len(set(texts)) == 1400
     kinds = Counter(r["kind"] for r in rows)
-    assert kinds["rewrite"] < 200 < kinds["arithmetic"] and sum(kinds.values()) == 1000
+    assert kinds["list"] < 280 < kinds["arithmetic"] and sum(kinds.values()) == 1400
     assert [r["kind"] for r in rows[:100]] == ["arithmetic", "rewrite", "list", "explain",
                                                 "code"] * 20  # in turn while none ran out
     held = prompt_set(50, 1, exclude=set(texts))
