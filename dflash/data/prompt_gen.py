@@ -13,8 +13,9 @@ spent generating it again, and a training set that teaches one reply twice). A k
 whose templates run out (a few hundred prompts each) gives its turn to arithmetic,
 whose numbers do not run out.
 
-`split`: every fifth subject of each list (sentence, list subject, topic, code task,
-name, item) is held out. `split="train"` draws from the other four fifths only,
+Subjects come from `prompt_words`, most composed from parts, so a thousand prompts
+rarely ask about one subject twice. `split`: every fifth entry of each part (sentence,
+who, deed, goal, country, topic, device, code task, name, item, ...) is held out. `split="train"` draws from the other four fifths only,
 `split="heldout"` from the held-out fifth only, so held-out prompts ask about subjects
 no training prompt mentions (a prompt that differs from a training one only in its
 count or audience gets a reply that shares whole sentences with that prompt's: it
@@ -27,103 +28,30 @@ import json
 import random
 from pathlib import Path
 
+from dflash.data import prompt_words as W
+
 KINDS = ("arithmetic", "rewrite", "list", "explain", "code")
-NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivo", "Jun",
-         "Kofi", "Lena", "Mateo", "Nina", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tomas"]
-ITEMS = ["apples", "books", "pencils", "stamps", "marbles", "cookies", "tickets", "shells",
-         "stickers", "coins", "cards", "buttons", "eggs", "bottles", "plants", "candles"]
-TOPICS = ["why the sky is blue", "how a bicycle stays upright", "what a prime number is",
-          "how vaccines work", "why ice floats", "what inflation is", "how rainbows form",
-          "what a hash table is", "why leaves change colour", "how a compiler works",
-          "how the heart pumps blood", "what photosynthesis does", "how a battery stores energy",
-          "why the moon has phases", "what a neural network is", "how tides work",
-          "what an API is", "why bread rises", "how an airplane wing makes lift",
-          "what recursion is", "how earthquakes happen", "what a black hole is",
-          "how interest on a loan works", "why we have seasons", "what DNA does",
-          "how a refrigerator keeps food cold", "what encryption is", "how sound travels",
-          "why metal feels colder than wood", "what a database index is",
-          "how a solar panel makes electricity", "what a volcano is",
-          "how the internet routes data", "why the ocean is salty",
-          "what a currency exchange rate is", "how muscles grow", "how a thermostat works",
-          "why cats purr", "what gravity does", "how a search engine ranks pages"]
 AUDIENCES = ["", " to a ten-year-old", " to a first-year university student"]
-SENTENCES = ["the meeting was moved to friday because the room was booked",
-             "our team finished the project early and under budget",
-             "the train was late so we missed the first half of the film",
-             "she fixed the bug after reading the logs for an hour",
-             "the new library opens next month with longer hours",
-             "he forgot his umbrella and got soaked on the way home",
-             "the company will hire ten engineers this spring",
-             "we cancelled the picnic because of the storm warning",
-             "the recipe needs two cups of flour and a pinch of salt",
-             "my neighbour has been learning to play the violin",
-             "the report was sent to the client before the deadline",
-             "they painted the kitchen a bright shade of yellow",
-             "the museum is free for students on sundays",
-             "our flight was delayed by three hours at the airport",
-             "the children planted tomatoes in the school garden",
-             "the software update fixed the battery drain on older phones",
-             "the bakery on the corner sells fresh bread every morning",
-             "the bus driver waited for the last passenger to board",
-             "our manager approved the budget for the new laptops",
-             "the river flooded the fields after a week of heavy rain",
-             "my sister finished her first marathon in four hours",
-             "the council will repair the road before winter",
-             "the students presented their science project to the parents",
-             "the printer ran out of paper during the exam",
-             "we booked a table by the window for seven people",
-             "the old bridge will be closed for repairs until may",
-             "the dog barked at the mail carrier every morning",
-             "the hotel upgraded our room because the lift was broken",
-             "the team lost the final after a penalty shootout",
-             "the lab results will be ready on thursday afternoon",
-             "he sold his car and now rides a bicycle to work",
-             "the store offers free delivery on orders over fifty dollars"]
 STYLES = ["more formal", "shorter", "friendlier", "in the passive voice", "as a question",
           "more politely", "for a newspaper headline", "in simpler words",
           "more enthusiastic", "in the future tense"]
-LISTS = ["fruits that are red", "countries in South America", "ways to save energy at home",
-         "programming languages", "musical instruments", "tips for a job interview",
-         "animals that live in the ocean", "board games for a family evening",
-         "healthy breakfast ideas", "famous scientists", "things to pack for a camping trip",
-         "ways to reduce stress", "vegetables that grow underground", "European capitals",
-         "hobbies you can do indoors", "parts of a computer", "birds found in cities",
-         "questions to ask a new landlord", "sports played with a ball",
-         "uses for a spreadsheet", "kitchen tools every cook needs", "rivers in Africa",
-         "ways to learn a new language", "safety rules for a science lab",
-         "cities in Asia", "flowers that bloom in spring", "ways to stay focused while studying",
-         "tools for a home workshop", "famous painters", "mammals that can swim",
-         "ingredients for a simple salad", "ways to make a small room feel bigger",
-         "types of clouds", "desserts from France", "jobs that involve travel",
-         "reasons to keep a journal", "materials that conduct electricity", "winter sports",
-         "apps that help with productivity", "ways to cut down on sugar"]
-CODE = ["reverses a string", "checks whether a number is prime", "returns the largest of a "
-        "list of numbers", "counts the vowels in a string", "computes the factorial of n",
-        "merges two sorted lists", "removes duplicates from a list",
-        "checks whether a string is a palindrome", "returns the n-th Fibonacci number",
-        "sums the digits of an integer", "converts Celsius to Fahrenheit",
-        "finds the second smallest number in a list", "counts the words in a sentence",
-        "returns the greatest common divisor of two numbers",
-        "checks whether a year is a leap year", "capitalizes the first letter of each word",
-        "returns the average of a list of numbers", "checks whether two strings are anagrams",
-        "counts how often each character appears in a string",
-        "finds an item in a sorted list by binary search",
-        "converts a number of seconds to hours and minutes",
-        "returns the even numbers of a list", "reverses the order of words in a sentence",
-        "checks whether a list is sorted"]
 LANGS = ["Python", "JavaScript", "C", "Rust", "Go", "Java"]
 CODE_ASKS = ["", " Add a short comment explaining it.", " Include one example call."]
 SPLITS = ("all", "train", "heldout")
 
 
+PARTS = ("names", "items", "sentences", "lists", "topics", "code", "who", "did", "when",
+         "goals", "people", "countries", "devices", "concepts", "stats", "props", "units")
+
+
 def subjects(split: str) -> dict:
-    """Each subject list as `split` sees it: every fifth entry (index 4, 9, ...) is held
-    out. The ways of asking (styles, audiences, languages, counts) are shared: they
-    are the kind, not its subject."""
+    """Each subject part (`prompt_words`) as `split` sees it: every fifth entry (index 4,
+    9, ...) is held out. A composed subject takes every part from one split, so a
+    held-out one is made of held-out parts only. The ways of asking (styles,
+    audiences, languages, counts) are shared: they are the kind, not its subject."""
     if split not in SPLITS:
         raise ValueError(f"prompt_gen: split must be one of {SPLITS}, got {split!r}")
-    lists = dict(names=NAMES, items=ITEMS, sentences=SENTENCES, lists=LISTS, topics=TOPICS,
-                 code=CODE)
+    lists = {k: getattr(W, k.upper()) for k in PARTS}
     if split == "all":
         return lists
     keep = (lambda i: i % 5 == 4) if split == "heldout" else (lambda i: i % 5 != 4)
@@ -155,19 +83,35 @@ def _arithmetic(r: random.Random, s: dict) -> tuple[str, str]:
     return text, str(speed * hours)
 
 
+def _subject(kind: str, r: random.Random, s: dict) -> str:
+    """A subject of `kind` from one of its families, chosen in turn at random (the
+    fixed lists are a fifth of the sentences to rewrite: 26 of them would be recalled)."""
+    c = lambda part: r.choice(s[part])  # noqa: E731
+    if kind == "rewrite":
+        return c("sentences") if r.random() < 0.2 else f"{c('who')} {c('did')} {c('when')}"
+    family = r.randrange({"list": 3, "explain": 3, "code": 4}[kind])
+    if kind == "list":
+        return (c("lists"), f"ways to {c('goals')}", f"{c('people')} from {c('countries')}")[family]
+    if kind == "explain":
+        return (c("topics"), f"how {c('devices')} works", f"what {c('concepts')} is")[family]
+    return (c("code"), f"returns the {c('stats')} of a list of numbers",
+            f"checks whether a string {c('props')}", f"converts {c('units')}")[family]
+
+
 def _draw(kind: str, r: random.Random, s: dict) -> tuple[str, str | None]:
     if kind == "arithmetic":
         text, answer = _arithmetic(r, s)
         return text + " Explain your steps, then give the final answer.", answer
     if kind == "rewrite":
-        return (f"Rewrite this sentence {r.choice(STYLES)}: "
-                f"\"{r.choice(s['sentences']).capitalize()}.\""), None
+        style = r.choice(STYLES)
+        return f"Rewrite this sentence {style}: \"{_subject(kind, r, s).capitalize()}.\"", None
     if kind == "list":
-        return f"List {r.randint(3, 9)} {r.choice(s['lists'])}, one per line.", None
+        return f"List {r.randint(3, 9)} {_subject(kind, r, s)}, one per line.", None
     if kind == "explain":
-        return (f"Explain {r.choice(s['topics'])}{r.choice(AUDIENCES)} in "
-                f"{r.randint(2, 5)} sentences."), None
-    return f"Write a {r.choice(LANGS)} function that {r.choice(s['code'])}.{r.choice(CODE_ASKS)}", None
+        subject = _subject(kind, r, s)
+        return f"Explain {subject}{r.choice(AUDIENCES)} in {r.randint(2, 5)} sentences.", None
+    subject = _subject(kind, r, s)
+    return f"Write a {r.choice(LANGS)} function that {subject}.{r.choice(CODE_ASKS)}", None
 
 
 def prompt_set(n: int, seed: int, exclude=(), split: str = "all") -> list[dict]:

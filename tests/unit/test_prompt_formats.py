@@ -93,16 +93,16 @@ def test_the_prompt_set_is_seeded_mixed_checkable_and_regenerate_reads_it(tmp_pa
 
 
 def test_a_prompt_set_repeats_no_prompt_and_a_kind_that_runs_out_gives_way():
-    """A repeated prompt is a repeated greedy reply; 1,400 training-split prompts ask 280
-    of each kind, more than its list and rewrite templates hold: arithmetic takes the rest,
+    """A repeated prompt is a repeated greedy reply; 5,000 training-split prompts ask
+    1,000 of each kind, more than its code tasks hold: arithmetic takes the rest,
     still distinct."""
     from collections import Counter
     from dflash.data.prompt_gen import prompt_set
-    rows = prompt_set(1400, 0, split="train")
+    rows = prompt_set(5000, 0, split="train")
     texts = [r["messages"][0]["content"] for r in rows]
-    assert len(set(texts)) == 1400
+    assert len(set(texts)) == 5000
     kinds = Counter(r["kind"] for r in rows)
-    assert kinds["list"] < 280 < kinds["arithmetic"] and sum(kinds.values()) == 1400
+    assert kinds["code"] < 1000 < kinds["arithmetic"] and sum(kinds.values()) == 5000
     assert [r["kind"] for r in rows[:100]] == ["arithmetic", "rewrite", "list", "explain",
                                                 "code"] * 20  # in turn while none ran out
     held = prompt_set(50, 1, exclude=set(texts))
