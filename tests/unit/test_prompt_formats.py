@@ -92,6 +92,15 @@ def test_the_prompt_set_is_seeded_mixed_checkable_and_regenerate_reads_it(tmp_pa
     assert all(c.messages[-1] == {"role": "assistant", "content": ""} for c in convs)
 
 
+def test_the_generator_cli_writes_a_split_and_refuses_an_unknown_one(tmp_path, capsys):
+    from dflash.data.prompt_gen import main, prompt_set, subjects
+    main(["--n", "10", "--out", str(tmp_path / "h.jsonl"), "--split", "heldout"])
+    rows = [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
+    assert rows == prompt_set(10, 0, split="heldout") != prompt_set(10, 0, split="train")
+    with pytest.raises(ValueError, match="split must be one of"):
+        subjects("test")
+
+
 def test_a_prompt_set_repeats_no_prompt_and_a_kind_that_runs_out_gives_way():
     """A repeated prompt is a repeated greedy reply; 5,000 training-split prompts ask
     1,000 of each kind, more than its code tasks hold: arithmetic takes the rest,
