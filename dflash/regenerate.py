@@ -71,13 +71,29 @@ def build_backend(cfg, tok, topo):
     stop = set(end_of_turn_ids(tok))
     if tok.eos_token_id is not None:
         stop.add(int(tok.eos_token_id))
-    # the ranks of a TP group must run the same shapes: auto's timing-based switch could
-    # differ between them, so a sharded target decodes plainly unless told otherwise
-    tp_auto = topo.tp_size > 1 and choice(cfg.decoding) == "auto"
     return LocalBackend.from_config(
         cfg, target, stop, drafter, pad_id=tok.pad_token_id or 0,
         compile_backend=None if mode == "off" else checked_backend(str(cfg.model.compile_backend)),
-        decoding="plain" if tp_auto else None)
+        decoding=auto_decoding(cfg, topo.tp_size))
+
+
+def auto_decoding(cfg, tp_size: int) -> str | None:
+    """"plain" where `decoding=auto` must not be left to timing, else None (the config's
+    choice). The ranks of a TP group must run the same shapes, and auto's switch could
+    differ between them. In half precision a verify step over a block rounds otherwise
+    than one-token steps, so speculative and plain decoding part at near ties (in
+    float32 they write the same tokens): a choice made by measured speed would make the
+    replies depend on the machine's load."""
+    if choice(cfg.decoding) != "auto":
+        return None
+    if tp_size > 1:
+        return "plain"
+    if str(cfg.model.target.dtype) != "float32":
+        log.info("decoding=auto with model.target.dtype=%s: decoding plainly (in half "
+                 "precision prompt lookup writes other tokens at near ties, and auto "
+                 "chooses by timing); decoding=lookup forces it", cfg.model.target.dtype)
+        return "plain"
+    return None
 
 
 def run_regenerate(cfg: DictConfig, out_dir) -> dict:

@@ -83,3 +83,16 @@ def test_auto_runs_whichever_block_size_measures_faster():
     assert choice == "lookup" and picked[-50:].count(4) > 40 and picked.count(1) >= 3
     picked, choice = run({1: 10.0, 4: 6.0})  # drafts rejected: plain decoding
     assert choice == "plain" and picked[-50:].count(1) > 40 and picked.count(4) >= 3
+
+
+def test_auto_is_not_left_to_timing_where_the_decodings_differ():
+    """In half precision plain and prompt-lookup decoding part at near ties: auto's
+    timing-based choice would make the replies depend on the load (a sharded target's
+    ranks must agree too), so it decodes plainly there; float32 keeps auto."""
+    from types import SimpleNamespace as NS
+    from dflash.regenerate import auto_decoding
+    cfg = lambda dec, dtype: NS(decoding=dec, model=NS(target=NS(dtype=dtype)))  # noqa: E731
+    assert auto_decoding(cfg("auto", "float32"), 1) is None
+    assert auto_decoding(cfg("auto", "bfloat16"), 1) == "plain"
+    assert auto_decoding(cfg("auto", "float32"), 2) == "plain"
+    assert auto_decoding(cfg("lookup", "bfloat16"), 1) is None  # asked for: kept
