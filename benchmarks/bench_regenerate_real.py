@@ -67,7 +67,8 @@ def main() -> None:
     with torch.no_grad():
         drafter = load_drafter(a.drafter).eval() if a.drafter else None
         names = ("hf generate", "plain", "lookup", "auto") + (("drafter",) if drafter else ())
-        for name in [n for n in names if not a.only or n == "hf generate" or n in a.only.split(",")]:
+        chosen = {"hf generate", *a.only.split(",")} if a.only else set(names)  # HF: the reference
+        for name in [n for n in names if n in chosen]:
             # a drafter, when given, is the proposer whatever `decoding` says
             be = LocalBackend(target, stop, max_new_tokens=a.max_new,
                               drafter=drafter if name == "drafter" else None,

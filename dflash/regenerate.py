@@ -28,7 +28,7 @@ from dflash.errors import ConfigError, user_errors_exit
 from dflash.generation.runner import Regeneration
 from dflash.model.compile import checked_backend
 from dflash.options import choice
-from dflash.step import emulated_bf16
+from dflash.step import emulated_bf16_warning
 from dflash.topology import build_topology, export_submitit_env
 
 config.register()
@@ -62,9 +62,11 @@ def build_backend(cfg, tok, topo):
         drafter = load_drafter(cfg.drafter, topo.target_device).eval()
         target = Target(target.lm, list(drafter.spec.target_layer_ids))
     target = target.to(topo.target_device).eval()
-    if str(cfg.model.target.dtype) == "bfloat16" and emulated_bf16(topo.target_device):
-        log.warning("model.target.dtype=bfloat16 on a CPU without AVX512-BF16 or AMX is "
-                    "emulated, slower than float32 here: set model.target.dtype=float32")
+    warning = emulated_bf16_warning(
+        ["model.target.dtype"] if str(cfg.model.target.dtype) == "bfloat16" else [],
+        topo.target_device)
+    if warning:
+        log.warning(warning)
     if len(tok) > target.vocab_size:
         raise ConfigError(f"tokenizer has {len(tok)} tokens, more than the target's "
                           f"vocabulary of {target.vocab_size}")

@@ -63,6 +63,19 @@ def emulated_bf16(device: torch.device) -> bool:
     return not any(f() for f in native if f is not None)
 
 
+BF16_OFF = {"model.autocast": "model.autocast=off",
+            "model.target.dtype": "model.target.dtype=float32"}
+
+
+def emulated_bf16_warning(keys: list, device: torch.device) -> str | None:
+    """One line for the bf16 config `keys` (of BF16_OFF) set where bf16 is emulated,
+    naming what to set instead; None where nothing is to be said."""
+    if not keys or not emulated_bf16(device):
+        return None
+    return (f"{' and '.join(keys)}: bf16 on a CPU without AVX512-BF16 or AMX is emulated, "
+            f"slower than float32 here: set {' '.join(BF16_OFF[k] for k in keys)}")
+
+
 @dataclass(frozen=True)
 class StepPolicy:
     """How the update is taken: clipping, mixed precision, non-finite handling."""

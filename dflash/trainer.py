@@ -50,7 +50,7 @@ from dflash.resume import Checkpointer, Progress, plan_hash
 from dflash.run_summary import RunSummary, check_summary
 from dflash.run_dir import run_names, write_run_dir, write_summary
 from dflash.sources import build_sources
-from dflash.step import StepPolicy, TrainStep, emulated_bf16, seeded_generator
+from dflash.step import StepPolicy, TrainStep, emulated_bf16_warning, seeded_generator
 from dflash.topology import build_topology, replica_digests
 from dflash.warmup.monitor import CompileMonitor
 from dflash.warmup.profile import run_identity
@@ -209,10 +209,9 @@ class Trainer:
         o, m = self.cfg.optim, self.cfg.model
         bf16 = [k for k, on in (("model.autocast", choice(m.autocast) in ("bf16", "bfloat16")),
                                 ("model.target.dtype", m.target.dtype == "bfloat16")) if on]
-        if bf16 and emulated_bf16(self.topo.drafter_device):
-            log.warning("%s: bf16 on a CPU without AVX512-BF16 or AMX is emulated, slower "
-                        "than float32 here: set model.autocast=off model.target.dtype=float32",
-                        " and ".join(bf16))
+        warning = emulated_bf16_warning(bf16, self.topo.drafter_device)
+        if warning:
+            log.warning(warning)
         return StepPolicy(grad_clip=float(o.grad_clip), autocast=choice(self.cfg.model.autocast),
                           log_grad_norm=bool(self.cfg.logger.grad_norm),
                           nonfinite=choice(o.nonfinite))

@@ -15,8 +15,9 @@ whose numbers do not run out.
 
 Subjects come from `prompt_words`, most composed from parts, so a thousand prompts
 rarely ask about one subject twice. `split`: every fifth entry of each part (sentence,
-who, deed, goal, country, topic, device, code task, name, item, ...) is held out. `split="train"` draws from the other four fifths only,
-`split="heldout"` from the held-out fifth only, so held-out prompts ask about subjects
+who, deed, goal, country, topic, device, code task, name, item, ...) is held out;
+`split="train"` draws from the other four fifths only, `split="heldout"` from the
+held-out fifth only, so held-out prompts ask about subjects
 no training prompt mentions (a prompt that differs from a training one only in its
 count or audience gets a reply that shares whole sentences with that prompt's: it
 measures recall of the training replies, not drafting). `all`: every subject.
@@ -38,8 +39,6 @@ STYLES = ["more formal", "shorter", "friendlier", "in the passive voice", "as a 
 LANGS = ["Python", "JavaScript", "C", "Rust", "Go", "Java"]
 CODE_ASKS = ["", " Add a short comment explaining it.", " Include one example call."]
 SPLITS = ("all", "train", "heldout")
-
-
 PARTS = ("names", "items", "sentences", "lists", "topics", "code", "who", "did", "when",
          "goals", "people", "countries", "devices", "concepts", "stats", "props", "units")
 
@@ -84,8 +83,9 @@ def _arithmetic(r: random.Random, s: dict) -> tuple[str, str]:
 
 
 def _subject(kind: str, r: random.Random, s: dict) -> str:
-    """A subject of `kind` from one of its families, chosen in turn at random (the
-    fixed lists are a fifth of the sentences to rewrite: 26 of them would be recalled)."""
+    """A subject of `kind` from one of its families, the family drawn at random (a
+    sentence to rewrite comes from the fixed list one time in five: its 26 training
+    sentences alone would be recalled, not rewritten)."""
     c = lambda part: r.choice(s[part])  # noqa: E731
     if kind == "rewrite":
         return c("sentences") if r.random() < 0.2 else f"{c('who')} {c('did')} {c('when')}"

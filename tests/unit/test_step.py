@@ -111,3 +111,17 @@ def test_warmup_cosine_schedule(total, ratio):
     assert lrs[0] == pytest.approx(1 / max(1, round(total * ratio + 0.4999)))
     assert max(lrs) == pytest.approx(1.0) and lrs[-1] <= lrs[min(warm, total - 1)]
     assert all(0 <= x <= 1 for x in lrs)
+
+
+def test_the_emulated_bf16_warning_names_what_to_set_for_the_keys_given(monkeypatch):
+    from dflash import step as step_mod
+    monkeypatch.setattr(step_mod, "emulated_bf16", lambda device: True)
+    cpu = torch.device("cpu")
+    assert step_mod.emulated_bf16_warning([], cpu) is None
+    line = step_mod.emulated_bf16_warning(["model.target.dtype"], cpu)
+    assert line.startswith("model.target.dtype: bf16")
+    assert line.endswith("set model.target.dtype=float32")
+    both = step_mod.emulated_bf16_warning(["model.autocast", "model.target.dtype"], cpu)
+    assert both.endswith("set model.autocast=off model.target.dtype=float32")
+    monkeypatch.setattr(step_mod, "emulated_bf16", lambda device: False)
+    assert step_mod.emulated_bf16_warning(["model.autocast"], cpu) is None
