@@ -179,6 +179,10 @@ class EvalAppConfig:
     # untrained (a fresh drafter of the same shape) | lookup (prompt lookup) | ngram
     baselines: List[str] = field(default_factory=list)
     ngram_data: Optional[str] = None  # baselines=[ngram]: the data set it counts (training set)
+    # a data set of held-out prompts + the target's greedy replies (regenerate, prepare):
+    # greedy acceptance along every reply for the drafter and the baselines, one target
+    # forward per reply (dflash/eval/paths.py); with or without prompts= decoded
+    paths: Optional[str] = None
 
 
 @dataclass
@@ -189,6 +193,9 @@ class EndToEndConfig:
     cache_dir: str = ".cache/dflash"  # where the packaged model is converted, once
     prompts: int = 1200  # training prompts (dflash.data.prompt_gen, seed 0), all distinct
     heldout: int = 48  # eval prompts of the same kinds (seed 1) on subjects of their own
+    # more held-out prompts (seed 2) whose greedy replies the comparison walks (paths
+    # stage: one target forward a reply; 0: no such stage)
+    paths: int = 480
     max_new_tokens: int = 128  # per regenerated reply
     eval_max_new_tokens: int = 64  # tokens decoded per held-out prompt
     # a llama.cpp source tree with DFlash support and build/bin/llama-server: the last
@@ -197,7 +204,7 @@ class EndToEndConfig:
     llama_cpp: Optional[str] = None
     # each app's own keys, nested as in its config (the recipe's CPU defaults live in
     # end_to_end.yaml): train.epochs=16, train.model.drafter.num_layers=2,
-    # +train.optim.weight_decay=0.01, +regenerate.batching.max_batch_size=32
+    # train.optim.weight_decay=0.1, +regenerate.batching.max_batch_size=32
     regenerate: Dict[str, Any] = field(default_factory=dict)
     train: Dict[str, Any] = field(default_factory=dict)
     eval: Dict[str, Any] = field(default_factory=dict)

@@ -8,9 +8,13 @@ to finish, each stage one of dflash's own apps.
     regenerate  the target answers the training prompts (on-policy replies, token ids kept)
     prepare     the replies -> dflash token data with the model's own chat template
     train       a drafter sized for the model (`model=hf`, its sizes printed)
-    eval        acceptance on the held-out prompts: the trained drafter against an
-                untrained one, prompt lookup and an n-gram table of the training data,
-                each with a paired 95% interval
+    eval        acceptance on the held-out prompts by real speculative decoding: the
+                trained drafter against an untrained one, prompt lookup and an n-gram
+                table of the training data, each with a paired 95% interval
+    heldout_replies  the target's greedy replies to many more held-out prompts
+    paths       the same comparison along those replies (`dflash.eval paths=`): the
+                verify steps greedy decoding takes there, known from each reply, at one
+                target forward per reply: intervals narrow enough to tell ~0.05 apart
     llama_cpp   where a built llama.cpp tree is given (`llama_cpp=DIR` or $LLAMA_CPP_DIR):
                 target and drafter converted by llama.cpp's own converter, served by
                 llama-server (draft-dflash), the held-out prompts decoded there; its tokens
@@ -41,7 +45,8 @@ from dflash.errors import ConfigError, user_errors_exit
 
 config.register()
 
-STAGES = ("target", "prompts", "regenerate", "prepare", "train", "eval", "llama_cpp")
+STAGES = ("target", "prompts", "regenerate", "prepare", "train", "eval", "heldout_replies",
+          "paths", "llama_cpp")
 
 
 class Stages:
@@ -91,18 +96,22 @@ def app(module: str, args: list) -> None:
                           "rerun: finished stages are skipped")
 
 
-def prompt_sets(n_train: int, n_heldout: int) -> dict:
+def prompt_sets(n_train: int, n_heldout: int, n_paths: int = 0) -> dict:
     """Held-out prompts (seed 1) drawn first from the held-out subjects, then distinct
     training prompts (seed 0) from the others, none of them also a held-out prompt:
     {file name: rows}. Held-out first, so they span every kind however many training
     prompts exhaust a kind's templates; on subjects of their own, so acceptance on them
     is drafting for new prompts, not recall of a training reply to the same question
-    asked with another count."""
+    asked with another count. `n_paths` more held-out prompts (seed 2, none also a
+    decoded one) for the walk along greedy replies."""
     from dflash.data.prompt_gen import prompt_set
     heldout = prompt_set(n_heldout, 1, split="heldout")
-    train = prompt_set(n_train, 0, exclude={p["messages"][0]["content"] for p in heldout},
-                       split="train")
-    return {"prompts.jsonl": train, "heldout.jsonl": heldout}
+    texts = {p["messages"][0]["content"] for p in heldout}
+    train = prompt_set(n_train, 0, exclude=texts, split="train")
+    sets = {"prompts.jsonl": train, "heldout.jsonl": heldout}
+    if n_paths:
+        sets["heldout_paths.jsonl"] = prompt_set(n_paths, 2, exclude=texts, split="heldout")
+    return sets
 
 
 def write_prompt_sets(work: Path, sets: dict) -> None:
@@ -192,21 +201,14 @@ def run(cfg: DictConfig) -> dict:
     st.run("target", ["convert", str(tgt)], lambda: target_dir(cfg, work))
     # the marker holds the prompts' digest, not only the counts: a changed generator
     # writes other prompts for the same command, and every later stage must follow
-    sets = prompt_sets(int(cfg.prompts), int(cfg.heldout))
+    sets = prompt_sets(int(cfg.prompts), int(cfg.heldout), int(cfg.paths))
     digest = hashlib.sha1(json.dumps(sets, sort_keys=True).encode()).hexdigest()[:12]
-    st.run("prompts", ["prompt_gen", int(cfg.prompts), int(cfg.heldout), digest],
+    st.run("prompts", ["prompt_gen", int(cfg.prompts), int(cfg.heldout), int(cfg.paths), digest],
            lambda: write_prompt_sets(work, sets))
     model = ["model=hf", f"model.target.path={tgt}"]
-    regen = [f"inputs=[{work / 'prompts.jsonl'}]", f"out={work / 'replies.jsonl'}", *model,
-             f"max_new_tokens={int(cfg.max_new_tokens)}", f"hydra.run.dir={work / 'regenerate'}",
-             *with_group_choices(cfg.regenerate, recipe_keys("regenerate"))]
-    parts = work / "replies.jsonl.parts"
-
-    def stale_parts():  # replies of other prompts or settings: regenerate would refuse them
-        if parts.exists():
-            print(f"[regenerate] its inputs or settings changed: {parts} removed", flush=True)
-            shutil.rmtree(parts)
-    st.run("regenerate", regen, lambda: app("dflash.regenerate", regen), on_redo=stale_parts)
+    regen_keys = with_group_choices(cfg.regenerate, recipe_keys("regenerate"))
+    regenerate(st, "regenerate", work, "prompts.jsonl", "replies.jsonl", model,
+               int(cfg.max_new_tokens), regen_keys)
     prep = ["--jsonl", work / "replies.jsonl", "--tokenizer", tgt, "--out", work / "data"]
     st.run("prepare", list(map(str, prep)), lambda: app("dflash.data.prepare", prep))
     keys = [*model, "data=tokenized", f"data.path={work / 'data'}", "eval.enabled=false",
@@ -223,8 +225,48 @@ def run(cfg: DictConfig) -> dict:
           f"out={work / 'eval.json'}", f"hydra.run.dir={work / 'eval'}",
           *with_group_choices(cfg.eval, recipe_keys("eval"))]
     st.run("eval", ev, lambda: app("dflash.eval", ev))
+    if int(cfg.paths):
+        walk_paths(cfg, st, work, tgt, run_dir / "drafter", model, regen_keys)
+    else:
+        (work / "paths.json").unlink(missing_ok=True)
     serve_check(cfg, st, work, tgt, run_dir / "drafter")
     return summarize(work, run_dir, st.seconds)
+
+
+def regenerate(st: Stages, stage: str, work: Path, prompts: str, out: str, model: list,
+               max_new_tokens: int, keys: list) -> None:
+    """The target's greedy replies to `prompts` (a stage; a killed run continues from
+    its parts, a changed one starts afresh)."""
+    regen = [f"inputs=[{work / prompts}]", f"out={work / out}", *model,
+             f"max_new_tokens={max_new_tokens}", f"hydra.run.dir={work / stage}", *keys]
+    parts = work / f"{out}.parts"
+
+    def stale_parts():  # replies of other prompts or settings: regenerate would refuse them
+        if parts.exists():
+            print(f"[{stage}] its inputs or settings changed: {parts} removed", flush=True)
+            shutil.rmtree(parts)
+    st.run(stage, regen, lambda: app("dflash.regenerate", regen), on_redo=stale_parts)
+
+
+def walk_paths(cfg, st: Stages, work: Path, tgt: Path, drafter: Path, model: list,
+               regen_keys: list) -> None:
+    """The held-out comparison at scale: the target's greedy replies to `cfg.paths`
+    more held-out prompts, then the drafter and the baselines along them, the target
+    in the precision it wrote them in (the steps are those of serving it so)."""
+    regenerate(st, "heldout_replies", work, "heldout_paths.jsonl", "heldout_replies.jsonl",
+               model, int(cfg.eval_max_new_tokens), regen_keys)
+    data = work / "heldout_data"
+    prep = ["--jsonl", work / "heldout_replies.jsonl", "--tokenizer", tgt, "--out", data]
+    dtype = next((k.split("=", 1)[1] for k in regen_keys
+                  if k.startswith("model.target.dtype=")), "float32")
+    walk = [f"drafter={drafter}", *model, f"model.target.dtype={dtype}", f"paths={data}",
+            "baselines=[untrained,lookup,ngram]", f"ngram_data={work / 'data'}",
+            f"out={work / 'paths.json'}", f"hydra.run.dir={work / 'paths'}"]
+
+    def action():
+        app("dflash.data.prepare", prep)
+        app("dflash.eval", walk)
+    st.run("paths", [*map(str, prep), *walk], action)
 
 
 def serve_check(cfg, st: Stages, work: Path, target: Path, drafter: Path) -> None:

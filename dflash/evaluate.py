@@ -25,11 +25,29 @@ def main_app(cfg) -> dict:
     from dflash.model.target import Target
     from dflash.topology import resolve_device
 
-    if not cfg.drafter or not cfg.prompts:
-        raise DataError("dflash.eval.decode needs drafter=DIR and prompts=FILE (JSONL or data set dir)")
+    if not cfg.drafter or not (cfg.prompts or cfg.paths):
+        raise DataError("dflash.eval needs drafter=DIR and prompts=FILE (JSONL or data set dir) "
+                        "to decode, or paths=DIR (held-out greedy replies) to walk")
     dev = resolve_device(choice(cfg.device))
     target = Target.from_config(cfg.model.target).to(dev)
     drafter = load_drafter(cfg.drafter, device=dev)
+    target.layer_ids = list(drafter.spec.target_layer_ids)  # the checkpoint decides
+    report = {"drafter": str(cfg.drafter)}
+    if cfg.prompts:
+        report.update(decoded(cfg, target, drafter))
+    if cfg.paths:
+        report["paths"] = walked(cfg, target, drafter)
+    if cfg.out:
+        from pathlib import Path
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def decoded(cfg, target, drafter) -> dict:
+    """Real speculative decoding of the prompts: the drafter, then each baseline."""
+    from dflash.options import choice
+
     tok = None
     if choice(cfg.format) != "prompt_ids":
         from dflash.data.prepare import load_tokenizer
@@ -37,14 +55,13 @@ def main_app(cfg) -> dict:
         tok = load_tokenizer(tok_dir) if tok_dir else None
     prompts = load_prompts(cfg.prompts, int(cfg.num_prompts), choice(cfg.format), tok)
     check_pair(drafter, target, prompts, f"drafter {cfg.drafter}")
-    target.layer_ids = list(drafter.spec.target_layer_ids)  # the checkpoint decides
     baselines = [build_baseline(str(b), drafter, target, cfg.ngram_data) for b in cfg.baselines]
     decode = dict(temperature=float(cfg.temperature), batch_size=int(cfg.batch_size),
                   seed=int(cfg.seed), eos_token_id=getattr(target.config, "eos_token_id", None))
     res = evaluate(target, drafter, prompts, int(cfg.max_new_tokens), progress="eval", **decode)
     # the prompts and generated tokens themselves: losslessness can be checked from the
     # report (greedy: they are the target's own greedy continuation)
-    report = {"drafter": str(cfg.drafter), "prompts": str(cfg.prompts),
+    report = {"prompts": str(cfg.prompts),
               "format": choice(cfg.format), "temperature": float(cfg.temperature),
               "max_new_tokens": int(cfg.max_new_tokens), **res.as_dict(),
               "prompt_ids": [list(map(int, p)) for p in prompts],
@@ -63,34 +80,63 @@ def main_app(cfg) -> dict:
                                  "verify_steps", "generated_tokens")},
             "interval": bootstrap_acceptance(b["per_prompt"], b["per_prompt_steps"]),
             "drafter_minus_this": paired_difference(report, b)}
-    if cfg.out:
-        from pathlib import Path
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(report, indent=2))
     return report
 
 
+def walked(cfg, target, drafter) -> dict:
+    """Greedy acceptance along the held-out replies of `paths` (dflash.eval.paths): the
+    drafter, then each baseline, with paired intervals."""
+    from dflash.data.format import TokenDataset
+    from dflash.errors import ConfigError
+    from dflash.eval.paths import compare_on_paths
+
+    if float(cfg.temperature) != 0.0:
+        raise ConfigError("paths= walks greedy replies: it measures temperature=0 only "
+                          f"(got temperature={cfg.temperature})")
+    ds = TokenDataset.open(str(cfg.paths))
+    baselines = {str(b): build_baseline(str(b), drafter, target, cfg.ngram_data)
+                 for b in cfg.baselines}
+    out = compare_on_paths(target, drafter, baselines, ds,
+                           progress=lambda name: print(f"paths: {name}", flush=True))
+    out["data"] = str(cfg.paths)
+    return out
+
+
 def format_eval(report: dict) -> str:
-    hist = report["histogram"]
-    total = max(1, sum(hist))
-    lines = [f"acceptance length {report['acceptance_length']:.3f} over "
-             f"{report['verify_steps']} verify steps, {len(report['per_prompt'])} prompts",
-             "per prompt: " + " ".join(f"{x:.2f}" for x in report["per_prompt"]),
-             "accepted tokens per step:"]
-    for k, c in enumerate(hist, 1):
-        if c:
-            lines.append(f"  {k:>2}  {c:>6}  {'#' * max(1, round(40 * c / total))}")
-    if report.get("baselines"):
-        lines.append(f"{'':>12} {'acceptance':>10}  {'95% CI':>13}  drafter minus it (95% CI)")
-        rows = [("drafter", report, None)] + [(n, b, b["drafter_minus_this"])
-                                              for n, b in report["baselines"].items()]
-        for name, r, d in rows:
-            ci = r.get("interval") or {"lo": float("nan"), "hi": float("nan")}
-            diff = "" if d is None else (f"{d['difference']:+.3f} ({d['lo']:+.3f} to "
-                                         f"{d['hi']:+.3f}){'  better' if d['better'] else ''}")
-            lines.append(f"{name:>12} {r['acceptance_length']:10.3f}  {ci['lo']:.2f} to "
-                         f"{ci['hi']:.2f}  {diff}")
+    lines = []
+    if "histogram" in report:
+        hist = report["histogram"]
+        total = max(1, sum(hist))
+        lines += [f"acceptance length {report['acceptance_length']:.3f} over "
+                  f"{report['verify_steps']} verify steps, {len(report['per_prompt'])} prompts",
+                  "per prompt: " + " ".join(f"{x:.2f}" for x in report["per_prompt"]),
+                  "accepted tokens per step:"]
+        for k, c in enumerate(hist, 1):
+            if c:
+                lines.append(f"  {k:>2}  {c:>6}  {'#' * max(1, round(40 * c / total))}")
+        lines += comparison_table(report)
+    if "paths" in report:
+        p = report["paths"]
+        lines += [f"along {p['replies']} held-out greedy replies ({p['verify_steps']} verify "
+                  f"steps of the drafter): acceptance length {p['acceptance_length']:.3f}",
+                  *comparison_table(p)]
     return "\n".join(lines)
+
+
+def comparison_table(report: dict) -> list:
+    """The drafter and each baseline: acceptance, interval, the paired difference."""
+    if not report.get("baselines"):
+        return []
+    lines = [f"{'':>12} {'acceptance':>10}  {'95% CI':>13}  drafter minus it (95% CI)"]
+    rows = [("drafter", report, None)] + [(n, b, b["drafter_minus_this"])
+                                          for n, b in report["baselines"].items()]
+    for name, r, d in rows:
+        ci = r.get("interval") or {"lo": float("nan"), "hi": float("nan")}
+        diff = "" if d is None else (f"{d['difference']:+.3f} ({d['lo']:+.3f} to "
+                                     f"{d['hi']:+.3f}){'  better' if d['better'] else ''}")
+        lines.append(f"{name:>12} {r['acceptance_length']:10.3f}  {ci['lo']:.2f} to "
+                     f"{ci['hi']:.2f}  {diff}")
+    return lines
 
 
 config.register()

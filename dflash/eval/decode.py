@@ -215,16 +215,16 @@ class NgramProposer:
                 return tok
         return self.fallback
 
+    def draft(self, history: list) -> list:
+        """The block's drafts after `history` (its last token is the anchor)."""
+        hist, out = list(history), []
+        for _ in range(self.block_size - 1):
+            out.append(self.next_token(hist))
+            hist.append(out[-1])
+        return out
+
     def drafts(self, session: TargetSession, current: torch.Tensor) -> torch.Tensor:
-        rows = []
-        for r in range(len(current)):
-            hist = session.ids[r, :int(session.lengths[r])].tolist() + [int(current[r])]
-            out = []
-            for _ in range(self.block_size - 1):
-                out.append(self.next_token(hist))
-                hist.append(out[-1])
-            rows.append(out)
-        return torch.tensor(rows, dtype=torch.long, device=current.device)
+        return _history_drafts(self.draft, session, current)
 
 
 class PromptLookupProposer:
@@ -236,13 +236,10 @@ class PromptLookupProposer:
         self.block_size, self.order = int(block_size), int(order)
 
     def drafts(self, session, current: torch.Tensor) -> torch.Tensor:
-        rows = []
-        for r in range(len(current)):
-            hist = session.ids[r, :int(session.lengths[r])].tolist() + [int(current[r])]
-            rows.append(self._lookup(hist))
-        return torch.tensor(rows, dtype=torch.long, device=current.device)
+        return _history_drafts(self.draft, session, current)
 
-    def _lookup(self, hist: list) -> list:
+    def draft(self, hist: list) -> list:
+        """The block's drafts after `hist` (its last token is the anchor)."""
         want = self.block_size - 1
         for n in range(min(self.order, len(hist) - 1), 0, -1):
             tail = hist[-n:]
@@ -252,6 +249,13 @@ class PromptLookupProposer:
                     if out:
                         return out + [out[-1]] * (want - len(out))
         return [hist[-1]] * want
+
+
+def _history_drafts(draft, session, current: torch.Tensor) -> torch.Tensor:
+    """[B, bs-1] drafts of a proposer that drafts from each row's token history."""
+    rows = [draft(session.ids[r, :int(session.lengths[r])].tolist() + [int(current[r])])
+            for r in range(len(current))]
+    return torch.tensor(rows, dtype=torch.long, device=current.device)
 
 
 # ---- the decoding loop ---------------------------------------------------------------

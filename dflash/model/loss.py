@@ -44,7 +44,8 @@ class Objective:
     kind: str = "ce"  # ce: fixed decay exp(-(k-1)/gamma) | dpace: D-PACE weights | kl
     dpace_alpha: float = 0.5  # D-PACE's a in (1 - a) q_i + a
     kl_temperature: float = 1.0  # kl: both distributions at this temperature (x T^2)
-    # ce / dpace: the softmax over these ids only (dflash.model.draft_vocab); None: all
+    # the softmax over these ids only (dflash.model.draft_vocab; kl: both distributions,
+    # the target's renormalised over them); None: all
     vocab: object = None
 
     def __post_init__(self):
@@ -52,9 +53,6 @@ class Objective:
             raise ConfigError(f"loss.norm must be one of {LOSS_NORMS}, got {self.norm!r}")
         if self.kind not in LOSS_KINDS:
             raise ConfigError(f"loss.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
-        if self.vocab is not None and self.kind == "kl":
-            raise ConfigError("loss.draft_vocab applies to loss.kind=ce or dpace: distillation "
-                              "matches the target's whole distribution (set loss.draft_vocab=0)")
         if self.norm == "plan" and not self.batch_weight > 0:
             raise ValueError(f"loss_norm=plan needs a positive batch_weight, got {self.batch_weight}")
 
@@ -265,12 +263,15 @@ def _dpace_loss(ob, hidden, head, head_targets, targets, sup, reach, anchor_vali
 def _kl_loss(ob, hidden, final, lm_head_weight, anchors, targets, sup, anchor_valid) -> LossOutput:
     """KL(target || drafter) at every supervised block position, weighted and normalised
     as the CE (position decay, `norm`). Block position k drafts token anchor+k, whose
-    distribution the target computed from its final hidden state at anchor+k-1."""
+    distribution the target computed from its final hidden state at anchor+k-1. With a
+    draft vocabulary both sides' softmax runs over its ids only (the target's
+    distribution renormalised there: what it puts elsewhere is not drafted anyway)."""
     b, a, n, h = hidden.shape
     pos = (anchors[:, :, None] + torch.arange(n, device=anchors.device)).clamp(max=final.shape[1] - 1)
     t_hidden = torch.gather(final, 1, pos.reshape(b, a * n, 1).expand(b, a * n, h)).view(b, a, n, h)
+    head = lm_head_weight if ob.vocab is None else ob.vocab.head(lm_head_weight)
     rows, argmax = fused_lm_head_kl_rows(hidden.reshape(-1, h), t_hidden.reshape(-1, h),
-                                         lm_head_weight, ob.kl_temperature, ob.chunk, ob.chunk_mb)
+                                         head, ob.kl_temperature, ob.chunk, ob.chunk_mb)
     w = position_weights(n + 1, ob.gamma).to(hidden.device) * sup
     mean = (rows.view_as(sup) * w).sum() / w.sum().clamp_min(1e-12)
     return _output(ob, mean, w, argmax, targets, sup, anchor_valid, hidden)

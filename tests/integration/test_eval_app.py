@@ -55,10 +55,18 @@ def test_eval_app_measures_a_checkpoint_and_refuses_a_mismatch(tmp_path, target)
     with open(tmp_path / "prompts.jsonl", "w") as f:
         for p in _prompts(3):
             f.write(json.dumps({"prompt_ids": p}) + "\n")
+    # the same prompts with the target's greedy replies: the walk along them (paths=)
+    from dflash.data.format import DatasetWriter
+    from tests.helpers.decoding import target_greedy
+    w = DatasetWriter(tmp_path / "paths", vocab_size=target.vocab_size)
+    for p in _prompts(3):
+        w.add(p + target_greedy(target, p, 10), [0] * len(p) + [1] * 10)
+    w.close()
     args = [f"drafter={tmp_path}/drafter", f"prompts={tmp_path}/prompts.jsonl",
             f"model.target.path={tmp_path}/target", "max_new_tokens=10",
             f"out={tmp_path}/r.json", f"hydra.run.dir={tmp_path}/run"]
-    proc = run_module("dflash.eval", *args, "baselines=[untrained,lookup]")
+    proc = run_module("dflash.eval", *args, "baselines=[untrained,lookup]",
+                      f"paths={tmp_path}/paths")
     report = json.loads((tmp_path / "r.json").read_text())
     assert len(report["per_prompt"]) == 3 and report["generated_tokens"] == 30
     assert sum(report["histogram"]) == report["verify_steps"]
@@ -69,8 +77,15 @@ def test_eval_app_measures_a_checkpoint_and_refuses_a_mismatch(tmp_path, target)
         assert len(b["per_prompt"]) == 3 and b["generated_tokens"] == 30
         d = b["drafter_minus_this"]
         assert d["lo"] <= d["difference"] <= d["hi"] and name in proc.stdout
+    # walking the greedy replies takes decoding's steps (the tiny target in float32
+    # verifies without near ties): the same acceptance for every decoder
+    paths = report["paths"]
+    assert paths["replies"] == 3 and "along 3 held-out greedy replies" in proc.stdout
+    for walked, run in [(paths, report), *[(paths["baselines"][n], report["baselines"][n])
+                                          for n in ("untrained", "lookup")]]:
+        assert walked["per_prompt_steps"] == run["per_prompt_steps"]
+        assert walked["acceptance_length"] == pytest.approx(run["acceptance_length"])
     # the report holds the prompts and tokens: losslessness checks from the file alone
-    from tests.helpers.decoding import target_greedy
     assert report["prompt_ids"] == _prompts(3)
     assert report["tokens"] == [target_greedy(target, p, 10) for p in _prompts(3)]
     other = tmp_path / "small"

@@ -135,6 +135,20 @@ def test_drafter_beats_zeroed_context_and_ngram_lookup(tmp_path, cache, trained_
     scores = context_ablation(runner)
     assert scores["trained"] > scores["zero_context"] + 1.0, scores
     assert scores["trained"] > scores["ngram3"] + 1.0, scores
+    # dflash.eval paths= scores only the blocks a greedy reply's decode path anchors at:
+    # the steps of the walk over every block's streak, in lockstep over a batch of
+    # replies of different lengths
+    from dflash.eval.decode import DrafterProposer, speculative_decode
+    from dflash.eval.teacher_forced import continuation_streaks, decode_path, path_steps
+    prompts = runner.sources.eval_prompts
+    res = speculative_decode(runner.target, DrafterProposer(runner.drafter, runner.target),
+                             prompts, 24)
+    seqs = [[*p, *t[:24 - i % 5]] for i, (p, t) in enumerate(zip(prompts, res.tokens))]
+    firsts = [len(p) for p in prompts]
+    walked = path_steps(runner.target, runner.drafter, seqs, firsts, batch_size=4)
+    assert walked == [decode_path(s) for s in continuation_streaks(
+        runner.target, runner.drafter, seqs, firsts, batch_size=4)]
+    assert sum(map(len, walked)) < sum(map(sum, walked)) / 2  # drafts were accepted
 
 
 def test_runner_is_deterministic_for_a_seed(tmp_path, cache):

@@ -102,7 +102,38 @@ def test_a_size_that_is_no_token_count_is_refused_naming_the_key():
         DraftVocab.most_frequent(np.ones(8, dtype=np.int64), -1)
 
 
-def test_distillation_refuses_a_draft_vocabulary():
-    vocab = DraftVocab.most_frequent(np.ones(8, dtype=np.int64), 4)
-    with pytest.raises(ConfigError, match="loss.draft_vocab"):
-        Objective(6, kind="kl", vocab=vocab)
+def test_distillation_over_a_draft_vocabulary_equals_torch_kl_over_its_rows():
+    """loss=kl with a draft vocabulary: both distributions over the kept rows only (the
+    target's renormalised there), against torch's KL over materialised logits; the
+    accuracy maps the argmax back to full ids."""
+    import torch.nn.functional as F
+    target = tiny_target()
+    drafter = tiny_drafter(target, layers=2)
+    ids, mask, valid, anchors, _ = loss_batch(target)
+    ctx = target.context(ids, valid.long(), final=True)
+    keep = torch.unique(ids[mask])[::2].contiguous()
+    counts = np.zeros(target.vocab_size, dtype=np.int64)
+    counts[keep.numpy()] = 1
+    ob = Objective(6, kind="kl", norm="batch", chunk=16,
+                   vocab=DraftVocab.most_frequent(counts, len(keep)))
+    out = drafter_loss(drafter, ctx, target.embed_tokens, target.lm_head_weight, ids, mask,
+                       valid, ob, anchors=anchors)
+    got = _grads(drafter, out)
+    h, bs = target.hidden_size, drafter.spec.block_size
+    emb = block_embeddings(target.embed_tokens, ids, anchors[0], bs, drafter.spec.mask_token_id)
+    hidden = drafter(ctx[..., :-h], valid, anchors[0], anchors[1], emb)[:, :, 1:]
+    pos = (anchors[0][:, :, None] + torch.arange(bs - 1)).clamp(max=ids.shape[1] - 1)
+    final = torch.stack([ctx[b, :, -h:][pos[b]] for b in range(len(ids))])
+    head = target.lm_head_weight[keep]
+    kl = F.kl_div(F.log_softmax(hidden @ head.t(), -1), F.log_softmax(final @ head.t(), -1),
+                  log_target=True, reduction="none").sum(-1)
+    targets, sup = block_targets(ids, mask, valid, anchors[0], anchors[1], bs)
+    w = torch.exp(-(torch.arange(1, bs).float() - 1) / 7.0) * sup
+    ref = (kl * w).sum() / w.sum()
+    torch.testing.assert_close(out.loss, ref, rtol=1e-5, atol=1e-6)
+    drafter.zero_grad()
+    ref.backward()
+    for k, p in drafter.named_parameters():
+        torch.testing.assert_close(got[k], p.grad, rtol=1e-4, atol=1e-7, msg=k)
+    hit = (keep[(hidden @ head.t()).argmax(-1)] == targets) & sup
+    torch.testing.assert_close(out.acc, hit.sum((0, 1)) / sup.sum((0, 1)).clamp_min(1))

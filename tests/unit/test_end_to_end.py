@@ -71,7 +71,7 @@ def test_each_stage_takes_its_apps_keys_nested_as_in_its_config():
     from dflash.config import compose
     from dflash.end_to_end import overrides
     cfg = compose("end_to_end", ["train.epochs=16", "train.model.drafter.num_layers=2",
-                                 "+train.optim.weight_decay=0.01", "+eval.baselines=[lookup]",
+                                 "train.optim.weight_decay=0.01", "+eval.baselines=[lookup]",
                                  "+regenerate.progress=false"])
     train = overrides(cfg.train)
     assert "epochs=16" in train and "model.drafter.num_layers=2" in train

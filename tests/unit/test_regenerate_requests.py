@@ -56,8 +56,8 @@ def test_reasoning_goes_to_reasoning_content():
 
 def test_prompt_lookup_drafts_what_followed_the_last_match():
     p = PromptLookupProposer(block_size=4)
-    assert p._lookup([5, 6, 7, 8, 9, 5, 6]) == [7, 8, 9]
-    assert p._lookup([1, 2, 3]) == [3, 3, 3]  # no earlier match: repeat
+    assert p.draft([5, 6, 7, 8, 9, 5, 6]) == [7, 8, 9]
+    assert p.draft([1, 2, 3]) == [3, 3, 3]  # no earlier match: repeat
 
 
 def test_a_prompt_beyond_the_batch_token_budget_is_refused():
