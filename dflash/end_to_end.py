@@ -304,6 +304,13 @@ def summarize(work: Path, run_dir: Path, seconds: dict) -> dict:
                     **{name: {"acceptance_length": b["acceptance_length"],
                               "drafter_minus_this": b["drafter_minus_this"]}
                        for name, b in ev["baselines"].items()}}}
+    if (work / "paths.json").exists():  # the walk along many more held-out replies
+        p = json.loads((work / "paths.json").read_text())["paths"]
+        out["paths"] = {"replies": p["replies"], "drafter": p["acceptance_length"],
+                        "interval": p["interval"],
+                        **{name: {"acceptance_length": b["acceptance_length"],
+                                  "drafter_minus_this": b["drafter_minus_this"]}
+                           for name, b in p["baselines"].items()}}
     if (work / "llama_cpp.json").exists():
         out["llama_cpp"] = {k: v for k, v in json.loads((work / "llama_cpp.json").read_text()).items()
                             if k != "per_prompt"}
@@ -322,16 +329,28 @@ def format_summary(s: dict) -> str:
              f"train: {t['steps']} steps, {t['tokens_per_second']:.0f} real tok/s, loss "
              f"{t['initial_loss']:.2f} -> {t['final_loss']:.2f} (uniform over the softmax's ids = "
              f"{t['uniform_loss']:.2f})",
-             f"eval (held-out prompts): drafter acceptance {e['drafter']:.3f}"]
-    for name in ("untrained", "lookup", "ngram"):
-        d = e[name]["drafter_minus_this"]
-        lines.append(f"  vs {name:<9} {e[name]['acceptance_length']:.3f}: drafter "
-                     f"{d['difference']:+.3f} (95% CI {d['lo']:+.3f} to {d['hi']:+.3f})"
-                     f"{'' if d['better'] else '  not measurably better'}")
+             f"eval (held-out prompts, decoded): drafter acceptance {e['drafter']:.3f}",
+             *_versus(e)]
+    if "paths" in s:
+        p = s["paths"]
+        lines += [f"paths ({p['replies']} more held-out prompts, along the target's greedy "
+                  f"replies): drafter acceptance {p['drafter']:.3f}", *_versus(p)]
     if "llama_cpp" in s:
         from dflash.eval.llama_cpp import format_check
         lines.append(format_check(s["llama_cpp"]))
     return "\n".join(lines)
+
+
+def _versus(figures: dict) -> list:
+    """The drafter against each baseline, one line each."""
+    lines = []
+    for name in ("untrained", "lookup", "ngram"):
+        if name in figures:
+            d = figures[name]["drafter_minus_this"]
+            lines.append(f"  vs {name:<9} {figures[name]['acceptance_length']:.3f}: drafter "
+                         f"{d['difference']:+.3f} (95% CI {d['lo']:+.3f} to {d['hi']:+.3f})"
+                         f"{'' if d['better'] else '  not measurably better'}")
+    return lines
 
 
 @hydra.main(config_path="conf", config_name="end_to_end", version_base="1.3")

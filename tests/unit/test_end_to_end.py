@@ -124,3 +124,35 @@ def test_held_out_prompts_span_every_kind_on_subjects_no_training_prompt_mention
     assert not shared, shared
     # every held-out prompt but a bus trip (no subject: its numbers are its own) has one
     assert all(any(x in t or x.capitalize() in t for x in own) for t in held if "bus" not in t)
+
+
+def test_the_summary_sets_the_walk_beside_the_decoded_eval(tmp_path):
+    """summary.json and the printed lines carry both comparisons, each baseline with
+    its paired interval and a verdict; without a paths stage, no walk line."""
+    import json
+    from dflash.end_to_end import format_summary, summarize
+    run = tmp_path / "train-x"
+    run.mkdir()
+    (tmp_path / "replies.jsonl.report.json").write_text(json.dumps({
+        "conversations_written": 3, "generated_tokens": 30, "generated_tokens_this_run": 30,
+        "tokens_per_second": 10.0, "truncated": 1, "decoding": "plain"}))
+    (run / "summary.json").write_text(json.dumps({
+        "steps": 4, "tokens_per_second": 5.0, "initial_loss": 2.0, "final_loss": 1.0,
+        "stage_ms": {}, "model": {"vocab_size": 8, "draft_vocab": None}}))
+
+    def versus(acceptance, diff, better):
+        return {"acceptance_length": acceptance, "drafter_minus_this": {
+            "difference": diff, "lo": diff - 0.1, "hi": diff + 0.1, "better": better}}
+    (tmp_path / "eval.json").write_text(json.dumps({
+        "acceptance_length": 1.5, "interval": None, "baselines": {"ngram": versus(1.45, 0.05, False)}}))
+    decoded_only = format_summary(summarize(tmp_path, run, {"train": 60.0}))
+    assert "paths" not in decoded_only and "not measurably better" in decoded_only
+    (tmp_path / "paths.json").write_text(json.dumps({"paths": {
+        "replies": 480, "acceptance_length": 1.6, "interval": None,
+        "baselines": {"ngram": versus(1.5, 0.1, True)}}}))
+    s = summarize(tmp_path, run, {"train": 60.0})
+    assert s["paths"]["drafter"] == 1.6 and s["paths"]["ngram"]["drafter_minus_this"]["better"]
+    lines = format_summary(s).splitlines()
+    walk = lines.index(next(x for x in lines if x.startswith("paths (480 more held-out")))
+    assert lines[walk + 1] == "  vs ngram     1.500: drafter +0.100 (95% CI +0.000 to +0.200)"
+    assert json.loads((tmp_path / "summary.json").read_text())["paths"]["replies"] == 480
