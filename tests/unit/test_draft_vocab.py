@@ -41,6 +41,15 @@ def _batch():
     return (target, tiny_drafter(target, layers=2), *loss_batch(target))
 
 
+def _matches_reference(drafter, loss, grads, ref):
+    """`loss` equals the materialised reference `ref`, and `grads` its gradients."""
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    drafter.zero_grad()
+    ref.backward()
+    for k, p in drafter.named_parameters():
+        torch.testing.assert_close(grads[k], p.grad, rtol=1e-4, atol=1e-7, msg=k)
+
+
 def _grads(drafter, out):
     drafter.zero_grad()
     out.loss.backward()
@@ -86,11 +95,7 @@ def test_subset_loss_and_gradient_equal_the_plain_torch_reference():
                                            reduction="none").view_as(sup)
     w = torch.exp(-(torch.arange(1, bs).float() - 1) / 7.0) * inside
     ref = (ce * w).sum() / w.sum()
-    torch.testing.assert_close(out.loss, ref, rtol=1e-5, atol=1e-6)
-    drafter.zero_grad()
-    ref.backward()
-    for k, p in drafter.named_parameters():
-        torch.testing.assert_close(got[k], p.grad, rtol=1e-4, atol=1e-7, msg=k)
+    _matches_reference(drafter, out.loss, got, ref)
     # accuracy over every supervised position: a target outside the set is a miss
     hit = (keep[logits.argmax(-1)] == targets) & inside
     torch.testing.assert_close(out.acc, hit.sum((0, 1)) / sup.sum((0, 1)).clamp_min(1))
@@ -130,10 +135,6 @@ def test_distillation_over_a_draft_vocabulary_equals_torch_kl_over_its_rows():
     targets, sup = block_targets(ids, mask, valid, anchors[0], anchors[1], bs)
     w = torch.exp(-(torch.arange(1, bs).float() - 1) / 7.0) * sup
     ref = (kl * w).sum() / w.sum()
-    torch.testing.assert_close(out.loss, ref, rtol=1e-5, atol=1e-6)
-    drafter.zero_grad()
-    ref.backward()
-    for k, p in drafter.named_parameters():
-        torch.testing.assert_close(got[k], p.grad, rtol=1e-4, atol=1e-7, msg=k)
+    _matches_reference(drafter, out.loss, got, ref)
     hit = (keep[(hidden @ head.t()).argmax(-1)] == targets) & sup
     torch.testing.assert_close(out.acc, hit.sum((0, 1)) / sup.sum((0, 1)).clamp_min(1))
