@@ -41,3 +41,26 @@ def test_a_step_emits_the_anchor_and_its_matching_drafts_clamped_at_the_end():
     # anchor 1: drafts 2 3 match (0 does not) -> 3 tokens; anchor 4: 5 6, then the end
     assert history_steps(always, seq, 2) == [3, 3]
     assert history_steps(lambda hist: [7, 7, 7], seq, 2) == [1] * 6
+
+
+def test_a_sampled_walk_is_refused_in_one_line():
+    """The walk is greedy acceptance only: a temperature is refused before any work."""
+    import pytest
+    from omegaconf import OmegaConf
+
+    from dflash.errors import ConfigError
+    from dflash.evaluate import walked
+    cfg = OmegaConf.create({"temperature": 0.7, "paths": "/nowhere", "baselines": [],
+                            "ngram_data": None})
+    with pytest.raises(ConfigError, match="temperature=0 only"):
+        walked(cfg, None, None)
+
+
+def test_the_eval_app_without_prompts_or_paths_names_both():
+    import pytest
+    from omegaconf import OmegaConf
+
+    from dflash.errors import DataError
+    from dflash.evaluate import main_app
+    with pytest.raises(DataError, match="prompts=FILE .* or paths=DIR"):
+        main_app(OmegaConf.create({"drafter": "/d", "prompts": None, "paths": None}))
