@@ -41,12 +41,26 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash import config
-from dflash.errors import ConfigError, user_errors_exit
+from dflash.errors import ConfigError, UserError, user_errors_exit
 
 config.register()
 
 STAGES = ("target", "prompts", "regenerate", "prepare", "train", "eval", "heldout_replies",
           "paths", "llama_cpp")
+
+
+class StageStopped(UserError):
+    """A stage's app returned without finishing its work (a stop signal checkpointed it):
+    no marker is written, so the same command goes on from where it stopped."""
+
+
+def train_finished(run_dir: Path) -> str | None:
+    """None once the train app finished its run in `run_dir`, else why not."""
+    summary = Path(run_dir) / "summary.json"
+    if not summary.exists():
+        return "it wrote no summary.json"
+    stopped = json.loads(summary.read_text()).get("preempted")
+    return f"{stopped} stopped it (checkpointed)" if stopped else None
 
 
 class Stages:
@@ -64,9 +78,11 @@ class Stages:
     def _chain(self, stamp: str) -> None:
         self.upstream = hashlib.sha1(f"{self.upstream}/{stamp}".encode()).hexdigest()[:12]
 
-    def run(self, name: str, command: list, action, on_redo=None) -> None:
+    def run(self, name: str, command: list, action, on_redo=None, unfinished=None) -> None:
         """`on_redo()`: called before a stage that ran before is redone (to clear
-        what its earlier run left that the new one must not continue from)."""
+        what its earlier run left that the new one must not continue from);
+        `unfinished()`: after the action, None when the stage's work is complete, else
+        why not (the stage then has no marker and the same command resumes it)."""
         mark = self.marks / f"{name}.json"
         old = json.loads(mark.read_text()) if mark.exists() else None
         if old and old.get("command") == command and old.get("upstream") == self.upstream:
@@ -79,6 +95,10 @@ class Stages:
         print(f"[{name}] {' '.join(map(str, command))}", flush=True)
         t0 = time.perf_counter()
         action()
+        why = unfinished() if unfinished is not None else None
+        if why:
+            raise StageStopped(f"stage {name} did not finish: {why}; rerun the same command "
+                               "to go on from there")
         self.seconds[name] = time.perf_counter() - t0
         stamp = str(time.time_ns())
         mark.write_text(json.dumps({"command": command, "upstream": self.upstream,
@@ -218,7 +238,8 @@ def run(cfg: DictConfig) -> dict:
     # (and per data set: new replies train afresh, never resume a run on the old ones)
     run_dir = work / f"train-{train_digest(keys, st.upstream)}"
     train = [*keys, "resume=auto", "checkpoint.every_minutes=2", f"hydra.run.dir={run_dir}"]
-    st.run("train", train, lambda: app("dflash.train", train))
+    st.run("train", train, lambda: app("dflash.train", train),
+           unfinished=lambda: train_finished(run_dir))
     ev = [f"drafter={run_dir / 'drafter'}", *model, f"prompts={work / 'heldout.jsonl'}",
           "format=chat", f"max_new_tokens={int(cfg.eval_max_new_tokens)}",
           "baselines=[untrained,lookup,ngram]", f"ngram_data={work / 'data'}",

@@ -62,3 +62,8 @@ class OptimConfig:
     # sync; names the step and samples) or skip the update (one host check per step)
     nonfinite: NonFinite = NonFinite.stop
     max_skips: int = 10  # skip: stop once more steps than this were skipped
+    # > 0: the drafter's forward and backward take this many rows of a batch at a time
+    # (gradients accumulate, one update: the same step, with activation memory for
+    # this many rows; `python -m dflash.preflight` says what fits). loss.norm=plan with
+    # ce or kl. 0: whole batches
+    micro_rows: int = 0

@@ -144,7 +144,8 @@ class Checkpointer:
     preemption. `extra` is the trainer's own progress (a dict), saved beside them."""
 
     def __init__(self, out_dir, cfg, resume: str, plan_digest: str, topo, *, drafter,
-                 optimizer, scheduler, generator):
+                 optimizer, scheduler, generator, identity: dict | None = None,
+                 verify=None):
         self.every, self.keep = int(cfg.every_steps), int(cfg.keep)
         self.seconds = 60.0 * float(cfg.get("every_minutes", 0) or 0)
         self.last_save = time.monotonic()
@@ -153,6 +154,9 @@ class Checkpointer:
         self.hash, self.topo = plan_digest, topo
         self.drafter, self.optimizer, self.scheduler = drafter, optimizer, scheduler
         self.generator = generator
+        # the run's identity (dflash.run_identity), written into every checkpoint; `verify`
+        # (meta, path) refuses a checkpoint of another run before its weights load
+        self.identity, self.verify = identity, verify
 
     def due(self, step: int, sync_every: int = 1) -> bool:
         if self.every > 0 and step % self.every == 0:
@@ -193,7 +197,7 @@ class Checkpointer:
         state = {"drafter": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "anchor_rng": rngs, **extra}
         meta = {"epoch": position[0], "position": position[1], "plan_hash": self.hash,
-                "world_size": self.topo.world_size}
+                "world_size": self.topo.world_size, "identity": self.identity}
         return save(self.dir, step, state, meta, self.keep)
 
     def find(self):
@@ -217,6 +221,8 @@ class Checkpointer:
         if found is None:
             return None
         path, meta, state = found
+        if self.verify is not None:
+            self.verify(meta, path)
         if meta["plan_hash"] != self.hash and not self.force:
             raise DataError(f"resume from {path}: the plan settings changed since it was written "
                             f"(plan hash {meta['plan_hash']} -> {self.hash}: data, batching, buckets, "
@@ -225,7 +231,13 @@ class Checkpointer:
         if meta["world_size"] != self.topo.world_size:
             raise DataError(f"resume from {path}: written by {meta['world_size']} ranks, "
                             f"{self.topo.world_size} started")
-        self.drafter.load_state_dict(state["drafter"])
+        try:
+            self.drafter.load_state_dict(state["drafter"])
+        except RuntimeError as exc:  # shapes or names of another drafter: one line, not a dump
+            first = str(exc).strip().splitlines()
+            detail = next((ln.strip() for ln in first[1:] if ln.strip()), first[0] if first else "")
+            raise DataError(f"resume from {path}: its drafter does not fit this run's "
+                            f"model.drafter ({detail[:200]})") from exc
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["anchor_rng"][self.topo.rank])

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dflash.model.loss import Objective, drafter_loss
+from dflash.model.loss import Objective, combined, drafter_loss, sample_anchors
 from dflash.errors import ConfigError
 
 
@@ -83,10 +83,15 @@ class StepPolicy:
     autocast: str = "auto"  # auto = bf16 on CUDA only | bf16 | off
     log_grad_norm: bool = True  # without a clip the norm costs a reduction: optional
     nonfinite: str = "stop"  # stop (found at the next sync) | skip (one host read a step)
+    # > 0: the drafter's forward and backward take this many rows of a batch at a time,
+    # gradients accumulating, one update: the same step in less activation memory
+    micro_rows: int = 0
 
     def __post_init__(self):
         if self.nonfinite not in NONFINITE:
             raise ConfigError(f"optim.nonfinite must be 'stop' or 'skip', got {self.nonfinite!r}")
+        if self.micro_rows < 0:
+            raise ConfigError(f"optim.micro_rows={self.micro_rows}: 0 (whole batches) or more")
 
 
 def ranks_sum(x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -138,13 +143,14 @@ class TrainStep:
         return self.target.context(b.ids, attn, final=final)
 
     # ---- drafter stage -------------------------------------------------------------
-    def _loss(self, module, b: DeviceBatch, ctx: torch.Tensor, generator, reduce_sum=None):
+    def _loss(self, module, b: DeviceBatch, ctx: torch.Tensor, generator, reduce_sum=None,
+              anchors=None):
         module.train()
         with autocast_for(self.device, self.policy.autocast):
             return drafter_loss(module, ctx, self.target.embed_tokens,
                                 self.target.lm_head_weight, b.ids, b.loss_mask, b.valid,
-                                self.objective, generator, position_ids=b.position_ids,
-                                reduce_sum=reduce_sum)
+                                self.objective, generator, anchors=anchors,
+                                position_ids=b.position_ids, reduce_sum=reduce_sum)
 
     def warm_step(self, b: DeviceBatch, ctx: torch.Tensor) -> None:
         """Forward and backward of the real step without the update (the bare drafter:
@@ -153,11 +159,46 @@ class TrainStep:
         out.loss.backward()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def _slices(self, b: DeviceBatch) -> list:
+        rows, mr = b.ids.shape[0], self.policy.micro_rows
+        if mr <= 0 or rows <= mr:
+            return [slice(None)]
+        return [slice(i, min(rows, i + mr)) for i in range(0, rows, mr)]
+
+    def _forward_backward(self, b: DeviceBatch, ctx: torch.Tensor):
+        """The loss and its gradients: the whole batch at once, or (optim.micro_rows)
+        row slices of it, each forward and backward alone with the gradients adding up.
+        The anchors are drawn for the whole batch first (the same draw either way) and
+        every slice's loss is over the plan's constant, so the sum is the whole loss."""
+        parts = self._slices(b)
+        if len(parts) == 1:
+            out = self._loss(self.module, b, ctx, self.generator, self.reduce_sum)
+            out.loss.backward()
+            return out
+        ob = self.objective
+        if ob.norm != "plan" or ob.kind == "dpace":
+            raise ConfigError("optim.micro_rows needs loss.norm=plan with loss=ce or kl: the "
+                              "others divide by the whole batch's (or step's) weight")
+        anchors = sample_anchors(b.loss_mask, b.valid, ob.num_anchors, self.generator,
+                                 b.position_ids, ob.anchors_per_document)
+        outs = []
+        for i, sl in enumerate(parts):
+            part = DeviceBatch(b.batch, b.ids[sl], b.loss_mask[sl], b.valid[sl], b.shape,
+                               None if b.position_ids is None else b.position_ids[sl])
+            last = i == len(parts) - 1
+            sync = (self.module.no_sync() if hasattr(self.module, "no_sync") and not last
+                    else nullcontext())  # DDP all-reduces the summed gradients once
+            with sync:
+                out = self._loss(self.module, part, ctx[sl], None, None,
+                                 anchors=(anchors[0][sl], anchors[1][sl]))
+                out.loss.backward()
+            outs.append(out)
+        return combined(outs)
+
     def drafter_step(self, b: DeviceBatch, ctx: torch.Tensor) -> dict:
         # (warm_step never reduces: rank 0 warms while the others wait)
-        out = self._loss(self.module, b, ctx, self.generator, self.reduce_sum)
         self.optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
+        out = self._forward_backward(b, ctx)
         pol = self.policy
         params = [p for p in self.drafter.parameters() if p.grad is not None]
         if pol.grad_clip > 0:  # the norm comes with the clip

@@ -14,7 +14,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dflash import config
+from dflash import config, resume_identity
 from dflash.errors import user_errors_exit
 from dflash.preemption import Preempted, StopSignals, requeue_job, signal_received
 from dflash.rerun import continue_command, finished_run, stop_line
@@ -78,6 +78,7 @@ def _stopped(signame: str, out_dir: Path, what: str, main_rank: bool) -> None:
 @user_errors_exit
 def _main(cfg: DictConfig) -> float | None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    resume_identity.check_run_dir(cfg, out_dir)  # another run's dir: refused before any work
     done = finished_run(cfg, out_dir)
     if done is not None:  # a rerun of a stopped sweep: this job had finished
         print(f"{out_dir}: finished with this config before; reused", flush=True)
@@ -93,6 +94,8 @@ def _main(cfg: DictConfig) -> float | None:
         return None
     if trainer.topo.is_main:
         text = f"{format_summary(summary)}\nrun dir: {out_dir}"
+        if not summary["preempted"]:
+            text += f"\ndrafter: {out_dir / 'drafter'}"
         print(text)
         to_log_file(text)
     if summary["preempted"]:

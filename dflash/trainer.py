@@ -46,6 +46,7 @@ from dflash.optim import build_optimizer
 from dflash.options import choice
 from dflash.pipeline import Pipeline
 from dflash.preemption import SignalStop, requeue_job
+from dflash import resume_identity
 from dflash.resume import Checkpointer, Progress, plan_hash
 from dflash.run_summary import RunSummary, check_summary
 from dflash.run_dir import run_names, write_run_dir, write_summary
@@ -214,7 +215,7 @@ class Trainer:
             log.warning(warning)
         return StepPolicy(grad_clip=float(o.grad_clip), autocast=choice(self.cfg.model.autocast),
                           log_grad_norm=bool(self.cfg.logger.grad_norm),
-                          nonfinite=choice(o.nonfinite))
+                          nonfinite=choice(o.nonfinite), micro_rows=int(o.micro_rows))
 
     def anchor_slots(self) -> int:
         """Anchor slots per row: the drafter's num_anchors, or for packed rows the slots
@@ -301,10 +302,15 @@ class Trainer:
                      int(self.cfg.seed))
 
     def checkpointer(self) -> Checkpointer:
+        ident, force = resume_identity.identity(self.cfg), bool(self.cfg.checkpoint.force_resume)
+        if self.topo.is_main:  # who this run is, for a later resume=auto in its dir
+            resume_identity.write(self.out_dir, self.cfg)
         return Checkpointer(self.out_dir, self.cfg.checkpoint, self.cfg.resume,
                             plan_hash(self.cfg), self.topo, drafter=self.drafter,
                             optimizer=self.optimizer, scheduler=self.scheduler,
-                            generator=self.train_step.generator)
+                            generator=self.train_step.generator, identity=ident,
+                            verify=lambda meta, path: resume_identity.check(
+                                meta.get("identity"), ident, str(path), force))
 
     # ---- run -------------------------------------------------------------------------
     def evaluate(self, teacher_forced: bool = False, label: str | None = None) -> dict:

@@ -15,6 +15,17 @@ from dflash.atomic import write_text_atomic
 from dflash.errors import DataError
 
 
+def files_identity(directory, names=("config.json", "model.safetensors",
+                                     "tokenizer_config.json", "chat_template.jinja")) -> list:
+    """Size and mtime of a model or drafter dir's files that decide what it generates:
+    another drafter or chat template under the same path is another manifest."""
+    if not directory or not Path(directory).is_dir():
+        return []
+    return [{"file": n, "bytes": (Path(directory) / n).stat().st_size,
+             "mtime_ns": (Path(directory) / n).stat().st_mtime_ns}
+            for n in names if (Path(directory) / n).exists()]
+
+
 def input_identity(paths) -> list:
     out = []
     for p in paths:

@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from dflash.batching.strategies import PackingSpec, Planner
 from dflash.errors import DataError
-from dflash.generation.parts import PartStore, input_identity, write_jsonl
+from dflash.generation.parts import PartStore, files_identity, input_identity, write_jsonl
 from dflash.generation.requests import (num_rounds, output_record, read_conversations,
                                         requests_for_round, split_reasoning, tokenize)
 
@@ -61,7 +62,17 @@ class Regeneration:
                 "max_new_tokens": int(c.max_new_tokens), "seed": int(c.seed),
                 "backend": str(c.backend), "model": str(c.model.target.path),
                 "drafter": c.drafter, "world_size": self.world,
-                "batching": [int(c.batching.token_budget), int(c.batching.max_batch_size)]}
+                "batching": [int(c.batching.token_budget), int(c.batching.max_batch_size)],
+                # everything else that changes a reply: the target's dtype and build, the
+                # decoder (bf16 greedy differs between decoders at near ties), the drafter's
+                # and the template's files, the server, the length policy
+                "target": {k: v for k, v in OmegaConf.to_container(c.model.target, resolve=True).items()
+                           if k not in ("cache_mb", "build_device")},
+                "decoding": str(c.decoding), "tokenizer": c.tokenizer,
+                "max_seq_len": int(c.max_seq_len), "truncated": str(c.truncated),
+                "model_files": files_identity(c.tokenizer or c.model.target.path),
+                "drafter_files": files_identity(c.drafter),
+                "served_model": str(c.openai.model) if self.remote else None}
 
     def run(self, out: Path) -> dict:
         c = self.cfg

@@ -84,6 +84,8 @@ class LossOutput:
     rows: torch.Tensor  # scalar int64: supervised (block position, target) pairs
     blocks: torch.Tensor  # scalar int64: valid anchors
     ce: torch.Tensor | None = None  # scalar: weighted mean CE of the batch (what is logged)
+    weight: torch.Tensor | None = None  # scalar: the loss weights' sum (ce's denominator)
+    counts: torch.Tensor | None = None  # [bs-1] supervised rows a block position (acc's)
 
 
 def dpace_weights(ce: torch.Tensor, sup: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -234,7 +236,8 @@ def _output(ob, loss, w, argmax, targets, sup, anchor_valid, hidden) -> LossOutp
         loss = ce * (w.sum() / ob.batch_weight)
     else:
         loss = ce
-    return LossOutput(loss, acc.detach(), accept.detach(), sup.sum(), blocks, ce.detach())
+    return LossOutput(loss, acc.detach(), accept.detach(), sup.sum(), blocks, ce.detach(),
+                      w.sum().detach(), sup.sum((0, 1)))
 
 
 def _dpace_loss(ob, hidden, head, head_targets, targets, sup, reach, anchor_valid,
@@ -258,6 +261,22 @@ def _dpace_loss(ob, hidden, head, head_targets, targets, sup, reach, anchor_vali
                   anchor_valid, hidden)
     out.ce = ((rows.detach() * w).sum() / w.sum().clamp_min(1e-12))
     return out
+
+
+def combined(parts: list) -> LossOutput:
+    """One batch's output from its row slices' (optim.micro_rows): the losses summed
+    (each already over the plan's constant), the logged means re-weighted by their own
+    denominators, so the figures equal those of the whole batch at once."""
+    if len(parts) == 1:
+        return parts[0]
+    weight = sum(p.weight for p in parts)
+    blocks = sum(p.blocks for p in parts)
+    counts = sum(p.counts for p in parts)
+    ce = sum(p.ce * p.weight for p in parts) / weight.clamp_min(1e-12)
+    accept = 1.0 + sum((p.accept_len - 1.0) * p.blocks for p in parts) / blocks.clamp_min(1)
+    acc = sum(p.acc * p.counts for p in parts) / counts.clamp_min(1)
+    return LossOutput(sum(p.loss.detach() for p in parts), acc, accept,
+                      sum(p.rows for p in parts), blocks, ce, weight, counts)
 
 
 def _kl_loss(ob, hidden, final, lm_head_weight, anchors, targets, sup, anchor_valid) -> LossOutput:

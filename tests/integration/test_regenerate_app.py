@@ -123,6 +123,10 @@ def test_a_killed_run_resumes_without_generating_twice(tmp_path, chat_tokenizer)
     # a rerun with other settings does not mix into these parts
     bad = run_module("dflash.regenerate", *args[:-1], "max_new_tokens=8", args[-1], check=False)
     assert bad.returncode == 2 and "max_new_tokens differs" in bad.stderr
+    # nor one under another target dtype (bf16 parts never finish a float32 run)
+    dtype = run_module("dflash.regenerate", *args[:-1], "model.target.dtype=bfloat16", args[-1],
+                       check=False)
+    assert dtype.returncode == 2 and "target differs" in dtype.stderr
 
 
 class _Server(BaseHTTPRequestHandler):

@@ -245,3 +245,27 @@ def test_preemption_under_slurm_checkpoints_then_requeues(tmp_path, world_cache)
     assert cut["preempted"] == "SIGUSR2" and cut["requeued"] == "4242"
     assert log.read_text().split() == ["requeue", "4242"]
     assert (run / "checkpoints" / f"step-{cut['steps']:09d}").exists()
+
+
+def test_resume_auto_in_another_runs_dir_is_refused_naming_what_differs(tmp_path, world_cache):
+    """A dir holds one run: a rerun under another loss, rate or drafter shape is refused in
+    one line before anything is built; force_resume lets what is safe through."""
+    run = tmp_path / "run"
+    _finish(world_cache, run, "optim.max_steps=10")
+    assert json.loads((run / "identity.json").read_text())["optim"]["optim.lr"] == 3e-3
+
+    def again(*extra):
+        return run_module("dflash.train", *_args(world_cache, run, "optim.max_steps=10",
+                                                  "resume=auto", *extra)[3:], check=False)
+    changed = again("optim.lr=1e-2", "loss=dpace")
+    assert changed.returncode == 2 and "Traceback" not in changed.stderr
+    line = changed.stderr.strip().splitlines()[-1]
+    assert "holds another run" in line and "optim.lr 0.003 -> 0.01" in line
+    assert "loss.kind ce -> dpace" in line and "force_resume" in line
+    shape = again("model.drafter.num_layers=2", "checkpoint.force_resume=true")
+    assert shape.returncode == 2 and "Traceback" not in shape.stderr
+    assert "model.drafter.num_layers 1 -> 2" in shape.stderr and "cannot load" in shape.stderr
+    forced = again("optim.lr=1e-2", "checkpoint.force_resume=true")
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    resumed = json.loads((run / "summary.json").read_text())["resumed_from"]
+    assert resumed and resumed.endswith("step-000000010")

@@ -156,3 +156,26 @@ def test_the_summary_sets_the_walk_beside_the_decoded_eval(tmp_path):
     walk = lines.index(next(x for x in lines if x.startswith("paths (480 more held-out")))
     assert lines[walk + 1] == "  vs ngram     1.500: drafter +0.100 (95% CI +0.000 to +0.200)"
     assert json.loads((tmp_path / "summary.json").read_text())["paths"]["replies"] == 480
+
+
+def test_a_preempted_train_stage_leaves_the_recipe_resumable(tmp_path):
+    """The train app checkpoints on SIGTERM and exits 0: its stage is not done, no marker
+    is written, and the same command runs it again (then the stages after it)."""
+    import json
+    from dflash.end_to_end import StageStopped, train_finished
+    run_dir, ran = tmp_path / "train-x", []
+
+    def train(preempted):
+        run_dir.mkdir(exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps({"preempted": preempted, "steps": 36}))
+        ran.append(preempted)
+
+    with pytest.raises(StageStopped, match="SIGTERM stopped it.*rerun the same command"):
+        Stages(tmp_path).run("train", ["t"], lambda: train("SIGTERM"),
+                             unfinished=lambda: train_finished(run_dir))
+    assert not (tmp_path / "stages" / "train.json").exists()
+    Stages(tmp_path).run("train", ["t"], lambda: train(None),
+                         unfinished=lambda: train_finished(run_dir))
+    Stages(tmp_path).run("train", ["t"], lambda: train("never"),
+                         unfinished=lambda: train_finished(run_dir))
+    assert ran == ["SIGTERM", None]  # the finished stage is skipped on the next rerun

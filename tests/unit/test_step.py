@@ -125,3 +125,50 @@ def test_the_emulated_bf16_warning_names_what_to_set_for_the_keys_given(monkeypa
     assert both.endswith("set model.autocast=off model.target.dtype=float32")
     monkeypatch.setattr(step_mod, "emulated_bf16", lambda device: False)
     assert step_mod.emulated_bf16_warning(["model.autocast"], cpu) is None
+
+
+@pytest.mark.parametrize("kind", ["ce", "kl"])
+def test_micro_rows_take_the_same_step_as_the_whole_batch(kind):
+    """optim.micro_rows: the rows in slices, gradients accumulated, one update: the same
+    anchors, loss, logged figures and weights as the whole batch at once."""
+    target = Target.from_config(OmegaConf.structured(TargetConfig()))
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 500, (5, 40), generator=g)
+    valid = torch.ones(5, 40, dtype=torch.bool)
+    valid[3, 25:] = False
+    mask = torch.zeros(5, 40, dtype=torch.bool)
+    mask[:, 6:] = True
+    mask &= valid
+    runs = []
+    for micro in (0, 2):
+        drafter = _drafter(target)
+        # SGD: the update is the gradient itself (AdamW's first steps take its sign, which
+        # a last-bit difference flips where a gradient is ~0)
+        opt = torch.optim.SGD(drafter.parameters(), lr=0.5)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        ob = Objective(8, norm="plan", batch_weight=40.0, kind=kind)
+        step = TrainStep(target, drafter, opt, sched, ob, StepPolicy(micro_rows=micro),
+                         generator=torch.Generator().manual_seed(7))
+        b = DeviceBatch(None, ids, mask, valid)
+        ctx = target.context(ids, valid.long(), final=kind == "kl")
+        out = [step.drafter_step(b, ctx) for _ in range(2)]
+        runs.append((out, {k: v.detach().clone() for k, v in drafter.state_dict().items()}))
+    (whole, w_whole), (micro, w_micro) = runs
+    for a, b in zip(whole, micro):
+        for key in ("loss", "accept_est", "acc", "grad_norm", "rows"):
+            assert torch.allclose(a[key].float(), b[key].float(), atol=1e-5), key
+    for k in w_whole:
+        assert torch.allclose(w_whole[k], w_micro[k], atol=1e-6), k
+
+
+def test_micro_rows_refuse_a_loss_normalised_by_the_whole_batch():
+    from dflash.errors import ConfigError
+    target = Target.from_config(OmegaConf.structured(TargetConfig()))
+    drafter = _drafter(target)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    step = TrainStep(target, drafter, opt, sched, Objective(8, norm="batch"),
+                     StepPolicy(micro_rows=1))
+    ids, mask, valid = _batch()
+    with pytest.raises(ConfigError, match="optim.micro_rows needs loss.norm=plan"):
+        step.drafter_step(DeviceBatch(None, ids, mask, valid), target.context(ids, valid.long()))
