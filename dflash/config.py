@@ -242,6 +242,9 @@ def register() -> None:
     start; importing the library never touches Hydra's global store)."""
     if not OmegaConf.has_resolver("dflash_dirname"):
         OmegaConf.register_new_resolver("dflash_dirname", safe_dirname)
+    if not OmegaConf.has_resolver("dflash_name"):  # a path's last part (run dir names)
+        OmegaConf.register_new_resolver(
+            "dflash_name", lambda p: safe_dirname(Path(str(p)).name) if p else "in-memory")
     if not OmegaConf.has_resolver("dflash_outdir"):  # conf/hydra/output/dflash.yaml
         OmegaConf.register_new_resolver("dflash_outdir", lambda app: OUT_DIRS.get(app, app))
     cs = ConfigStore.instance()

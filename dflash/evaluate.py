@@ -28,7 +28,9 @@ def main_app(cfg) -> dict:
     if not cfg.drafter or not (cfg.prompts or cfg.paths):
         raise DataError("dflash.eval needs drafter=DIR and prompts=FILE (JSONL or data set dir) "
                         "to decode, or paths=DIR (held-out greedy replies) to walk")
+    from dflash.step import resolve_target_dtype
     dev = resolve_device(choice(cfg.device))
+    resolve_target_dtype(cfg.model.target, dev)
     target = Target.from_config(cfg.model.target).to(dev)
     drafter = load_drafter(cfg.drafter, device=dev)
     target.layer_ids = list(drafter.spec.target_layer_ids)  # the checkpoint decides

@@ -26,6 +26,7 @@ from dflash.data.loss_mask import end_of_turn_ids
 from dflash.data.prepare import load_tokenizer
 from dflash.errors import ConfigError, user_errors_exit
 from dflash.generation.runner import Regeneration
+from dflash.step import resolve_target_dtype
 from dflash.model.compile import checked_backend
 from dflash.options import choice
 from dflash.step import emulated_bf16_warning
@@ -104,6 +105,7 @@ def run_regenerate(cfg: DictConfig, out_dir) -> dict:
     export_submitit_env()
     cfg.topology.dp_size = int(os.environ.get("WORLD_SIZE", 1))
     topo = build_topology(cfg.topology)
+    resolve_target_dtype(cfg.model.target, topo.target_device)
     tp = topo.tp_size
     tok_dir = cfg.tokenizer or cfg.model.target.path
     if not tok_dir:

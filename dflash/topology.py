@@ -87,10 +87,7 @@ def build_topology(cfg) -> Topology:
     rank = int(os.environ.get("RANK", 0))
     local = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if int(cfg.dp_size) != world:
-        raise TopologyError(f"topology {cfg.name} plans for dp_size={cfg.dp_size} data-parallel "
-                        f"processes but {world} were started (torchrun --nproc_per_node x "
-                        f"nodes); start {cfg.dp_size} or set topology.dp_size={world}")
+    check_dp_size(cfg, world)
     if cfg.expandable_segments and choice(cfg.device) != "cpu":
         # before the first CUDA allocation; variable shapes otherwise fragment the cache
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -115,6 +112,13 @@ def build_topology(cfg) -> Topology:
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
     return Topology(rank, world, local, device, drafter_device, tp, mesh)
+
+
+def check_dp_size(cfg, world: int) -> None:
+    if int(cfg.dp_size) != world:
+        raise TopologyError(f"topology {cfg.name} plans for dp_size={cfg.dp_size} data-parallel "
+                            f"processes but {world} were started (torchrun --nproc_per_node x "
+                            f"nodes); start {cfg.dp_size} or set topology.dp_size={world}")
 
 
 def check_target_tp(cfg, world: int) -> int:

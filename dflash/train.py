@@ -78,6 +78,7 @@ def _stopped(signame: str, out_dir: Path, what: str, main_rank: bool) -> None:
 @user_errors_exit
 def _main(cfg: DictConfig) -> float | None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    cpu_notice(cfg.topology)
     resume_identity.check_run_dir(cfg, out_dir)  # another run's dir: refused before any work
     done = finished_run(cfg, out_dir)
     if done is not None:  # a rerun of a stopped sweep: this job had finished
@@ -105,6 +106,16 @@ def _main(cfg: DictConfig) -> float | None:
         _stopped(signal_received(), out_dir, "finished", trainer.topo.is_main)
     # a sweeper that optimises (Optuna) reads the job's return value
     return summary.get("acceptance_length")
+
+
+def cpu_notice(topology) -> None:
+    """The first line where a GPU is visible and the run stays on the CPU (the CPU
+    demo's default topology): what to add to use it."""
+    import torch
+    if str(topology.device) == "cpu" and torch.cuda.is_available() and _main_rank():
+        print(f"dflash: training on CPU (topology={topology.name}) although "
+              f"{torch.cuda.device_count()} GPU(s) are visible: add topology=single_gpu "
+              "(or topology=pairs under torchrun) to use them", file=sys.stderr, flush=True)
 
 
 def _in_sweep() -> bool:

@@ -51,7 +51,8 @@ from dflash.resume import Checkpointer, Progress, plan_hash
 from dflash.run_summary import RunSummary, check_summary
 from dflash.run_dir import run_names, write_run_dir, write_summary
 from dflash.sources import build_sources
-from dflash.step import StepPolicy, TrainStep, emulated_bf16_warning, seeded_generator
+from dflash.step import (StepPolicy, TrainStep, emulated_bf16_warning, resolve_target_dtype,
+                         seeded_generator)
 from dflash.topology import build_topology, replica_digests
 from dflash.warmup.monitor import CompileMonitor
 from dflash.warmup.profile import run_identity
@@ -70,6 +71,7 @@ class Trainer:
     def build(self) -> "Trainer":
         cfg = self.cfg
         self.topo = build_topology(cfg.topology)
+        resolve_target_dtype(cfg.model.target, self.topo.target_device)
         use_compile_caches(cfg.data.cache_dir)  # before anything compiles or tunes
         torch.manual_seed(int(cfg.seed))
         self.sources = self._build_sources()

@@ -39,6 +39,9 @@ def load_data(cfg, lengths_file: str | None = None, need_tokens: bool = False) -
     if source == "lengths":
         return _lengths_only(load_lengths(cfg.path), cfg, str(cfg.path))
     if source == "tokenized":
+        if not cfg.path:
+            raise DataError("data=tokenized needs data.path=DIR (a data set written by "
+                            "python -m dflash.data.prepare)")
         ds = TokenDataset.open(cfg.path)
         lengths = check_lengths(ds.lengths, source=str(cfg.path))
         over = lengths > cfg.max_seq_len

@@ -18,6 +18,15 @@ def default_mask_token(vocab_size: int, tok=None) -> int:
         return int(vocab_size) - 1
     if len(tok) < vocab_size:
         return len(tok)
+    used = rendered_tokens(tok)
+    reserved = [i for i, t in tok.added_tokens_decoder.items()
+                if t.special and i not in used and i < vocab_size]
+    return max(reserved) if reserved else int(vocab_size) - 1
+
+
+def rendered_tokens(tok) -> set:
+    """Ids a chat turn renders: bos/eos/pad/unk and every token of a probe conversation
+    through the chat template (a mask token must be none of them)."""
     used = {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id}
     try:
         probe = tok.apply_chat_template(
@@ -26,6 +35,4 @@ def default_mask_token(vocab_size: int, tok=None) -> int:
         used |= set(tok(probe, add_special_tokens=False)["input_ids"])
     except Exception:  # noqa: BLE001  (no template, or one that refuses the probe)
         pass
-    reserved = [i for i, t in tok.added_tokens_decoder.items()
-                if t.special and i not in used and i < vocab_size]
-    return max(reserved) if reserved else int(vocab_size) - 1
+    return used - {None}

@@ -163,8 +163,10 @@ def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
 
 
 @user_errors_exit
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    """The command line (preflight reads a documented prepare command with it too)."""
+    ap = argparse.ArgumentParser(prog="python -m dflash.data.prepare",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--jsonl", required=True)
     ap.add_argument("--tokenizer", required=True)
     ap.add_argument("--out", required=True)
@@ -173,7 +175,11 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     ap.add_argument("--bad-lines", default="skip", choices=BAD_LINE_POLICIES,
                     help="a line that cannot be used: skip it (counted, listed) or stop")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    args = parser().parse_args(argv)
     _, summary = prepare(args.jsonl, args.tokenizer, args.out, args.max_seq_len, args.overlong,
                          args.workers, args.bad_lines)
     print(json.dumps(summary, indent=2))

@@ -10,7 +10,7 @@ from dflash.model.loss import LOSS_KINDS, LOSS_NORMS
 from dflash.options import options
 
 # option tuples of the model group that the code below this package reads too
-AUTOCAST = ("auto", "bf16", "bfloat16", "off")  # model.autocast (bf16 = bfloat16)
+AUTOCAST = ("auto", "native", "bf16", "bfloat16", "off")  # model.autocast (bf16 = bfloat16)
 COMPILE_MODES = ("off", "static", "dynamic")  # model.compile
 
 LossImpl = options("LossImpl", LOSS_IMPLS)
@@ -33,7 +33,10 @@ class TargetConfig:
     intermediate_size: Optional[int] = 128
     vocab_size: Optional[int] = 512
     seed: int = 0  # the tiny model's init seed
-    dtype: str = "float32"  # float32 | bfloat16 | float16: the target's weights
+    # float32 | bfloat16 | float16 | auto | native: the target's weights (auto: bfloat16
+    # on CUDA, float32 on CPU; native: bfloat16 wherever it is native, CUDA or a CPU with
+    # AVX512-BF16 / AMX, float32 where it would be emulated)
+    dtype: str = "float32"
     layer_ids: Optional[List[int]] = None  # None: 5 layers spread from 1 to L-3
     # HF attention kernel: sdpa, eager, flex_attention, flash_attention_2, ... None: the
     # tiny model uses sdpa, a local model whatever HF picks for it. Packed rows need one
@@ -98,7 +101,8 @@ class ModelConfig:
     # vocabulary (peak memory then follows the target, see kernels/lm_head_loss.py)
     loss_chunk: int = 0
     loss_chunk_mb: int = 256  # logits memory per chunk when loss_chunk is 0
-    # bf16 autocast for the drafter (fp32 master weights); auto: on CUDA only
+    # bf16 autocast for the drafter (fp32 master weights); auto: on CUDA only; native:
+    # where bf16 is native (CUDA, or a CPU with AVX512-BF16 / AMX), off where emulated
     autocast: Autocast = Autocast.auto
     # torch.compile of the drafter forward (block mask included): static compiles one
     # graph per warmed shape, dynamic one symbolic graph; off runs eager

@@ -43,8 +43,9 @@ def check_not_last_layer(layer_ids, num_layers: int, key: str) -> None:
             f"public drafters tap 1..L-3, here up to {max(1, num_layers - 3)})")
 
 
-def build_tiny_qwen3(cfg) -> nn.Module:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def tiny_qwen3_config(cfg):
+    """The in-memory target's HF config from the model.target keys."""
+    from transformers import Qwen3Config
 
     unset = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                          "num_key_value_heads", "intermediate_size", "vocab_size")
@@ -61,6 +62,23 @@ def build_tiny_qwen3(cfg) -> nn.Module:
                      num_key_value_heads=cfg.num_key_value_heads,
                      head_dim=cfg.hidden_size // cfg.num_attention_heads,
                      max_position_embeddings=8192, tie_word_embeddings=False)
+    return hc
+
+
+def checked_layer_ids(layer_ids, n: int) -> list[int]:
+    """`model.target.layer_ids` (None: the default spread) checked against n layers."""
+    ids = list(layer_ids) if layer_ids else default_layer_ids(n)
+    bad = [i for i in ids if not 0 <= int(i) < n]
+    if bad:
+        raise ConfigError(f"model.target.layer_ids {bad} outside the target's {n} layers")
+    check_not_last_layer(ids, n, "model.target.layer_ids")
+    return ids
+
+
+def build_tiny_qwen3(cfg) -> nn.Module:
+    from transformers import Qwen3ForCausalLM
+
+    hc = tiny_qwen3_config(cfg)
     dev = torch.device(getattr(cfg, "build_device", "cpu") or "cpu")
     dtype = getattr(torch, getattr(cfg, "dtype", "float32"))
     with torch.random.fork_rng(devices=[]), torch.device(dev):
@@ -135,12 +153,7 @@ class Target(nn.Module):
         self.lm = lm.eval().requires_grad_(False)
         self.config = lm.config
         self.base = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
-        n = len(self.base.layers)
-        self.layer_ids = list(layer_ids) if layer_ids else default_layer_ids(n)
-        bad = [i for i in self.layer_ids if not 0 <= i < n]
-        if bad:
-            raise ConfigError(f"model.target.layer_ids {bad} outside the target's {n} layers")
-        check_not_last_layer(self.layer_ids, n, "model.target.layer_ids")
+        self.layer_ids = checked_layer_ids(layer_ids, len(self.base.layers))
 
     @classmethod
     def from_config(cls, cfg) -> "Target":
