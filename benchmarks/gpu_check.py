@@ -321,12 +321,29 @@ def production_shape(dev):
     d_tf = d_flops / (sm["time_drafter_ms"] / 1e3) / 1e12
     w = s["warmup"]
     per_shape = w["seconds"] / max(1, w["num_warm_shapes"])
+    real_peak = torch.cuda.max_memory_allocated(dev) / 2**30
     return (f"{steps} steps, {s['tokens_per_second']:,.0f} real tok/s, "
             f"{s['tokens_per_second'] / rows:.1f} samples/s at mean length {rows:.0f}; "
             f"peak {torch.cuda.max_memory_allocated(dev) / 2**30:.1f} GiB; target "
             f"{t_tf:.0f} TFLOP/s ({100 * t_tf / peak:.0f}% of {peak:.0f}), drafter {d_tf:.0f} "
             f"TFLOP/s ({100 * d_tf / peak:.0f}%); warmup {w['num_warm_shapes']} shapes, "
-            f"{per_shape:.1f} s each; {s['compiles_after_warmup']} compiles after")
+            f"{per_shape:.1f} s each; {s['compiles_after_warmup']} compiles after; "
+            f"{_preflight_estimate(r, real_peak)}")
+
+
+def _preflight_estimate(r, real_peak: float) -> str:
+    """What `dflash.preflight` predicts for this run's largest warmed shape (fake tensors
+    on the CPU side of this machine) beside the peak torch.cuda measured."""
+    from dflash.model.target import tiny_qwen3_config
+    from dflash.preflight.memory import estimate
+    from omegaconf import OmegaConf
+    cfg = OmegaConf.merge(r.cfg, {"model": {"autocast": "bf16"}})
+    shape = max(r.shapes.warm, key=lambda x: (x.batch_size, x.tokens))
+    est = estimate(tiny_qwen3_config(cfg.model.target), cfg, *shape.as_list(),
+                   mask_token_id=r.drafter.spec.mask_token_id, shared=True)
+    gib = est.target_gib + est.drafter_gib
+    return (f"preflight estimate {gib:.1f} GiB at {shape.as_list()} against "
+            f"max_memory_allocated {real_peak:.1f} GiB ({100 * (gib / real_peak - 1):+.0f}%)")
 
 
 def main() -> int:

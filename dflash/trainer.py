@@ -42,6 +42,7 @@ from dflash.model.draft_vocab import DraftVocab
 from dflash.model.feature_cache import FeatureCache
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.loss import Objective
+from dflash.model.masks import check_flex_block_size
 from dflash.optim import build_optimizer
 from dflash.options import choice
 from dflash.pipeline import Pipeline
@@ -284,6 +285,8 @@ class Trainer:
         if self.cfg.model.drafter.get("init"):
             self.warm_start(drafter, str(self.cfg.model.drafter.init))
         drafter.set_attention(choice(self.cfg.model.attention))
+        if drafter.backend(self.topo.drafter_device) == "flex":
+            check_flex_block_size(spec.block_size)
         return drafter.to(self.topo.drafter_device)
 
     @staticmethod

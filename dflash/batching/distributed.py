@@ -36,7 +36,9 @@ def _dealt(num_batches: int, world_size: int, remainder: str) -> np.ndarray:
         raise ValueError(f"world size must be >= 1, got {world_size}")
     if remainder == "repeat":
         if num_batches == 0:
-            raise ValueError("the epoch plan has no batches to share between ranks")
+            raise ConfigError("the epoch plan has no batches: no sample is left to train on "
+                              "(data.overlong=drop with every sample over data.max_seq_len, "
+                              "or eval.num_prompts holding out the rest?)")
         extra = (-num_batches) % world_size
         return np.concatenate([np.arange(num_batches), np.arange(extra) % num_batches])
     if remainder == "drop":

@@ -30,6 +30,7 @@ import random
 from pathlib import Path
 
 from dflash.data import prompt_words as W
+from dflash.errors import DataError, user_errors_exit
 
 KINDS = ("arithmetic", "rewrite", "list", "explain", "code")
 AUDIENCES = ["", " to a ten-year-old", " to a first-year university student"]
@@ -129,7 +130,8 @@ def prompt_set(n: int, seed: int, exclude=(), split: str = "all") -> list[dict]:
             if text not in seen:
                 break
         else:
-            raise ValueError(f"prompt_gen: no new prompt after 10,000 draws at prompt {i}")
+            raise DataError(f"prompt_gen: no new prompt after 10,000 draws at prompt {i} of "
+                            f"{n} (split {split!r}): ask for fewer, or another seed")
         seen.add(text)
         rec = {"id": f"{k}-{i}", "kind": k, "messages": [{"role": "user", "content": text}]}
         if answer is not None:
@@ -145,6 +147,7 @@ def write_prompts(n: int, out: str | Path, seed: int = 0, split: str = "all") ->
     return out
 
 
+@user_errors_exit
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=400)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash.data.chat_formats import record_messages
 from dflash.data.loss_mask import THINK_CLOSE, THINK_OPEN, check_messages
 from dflash.data.prepare import jsonl_lines, read_record
 from dflash.data.prompt_formats import as_chat
@@ -60,7 +61,7 @@ def read_conversations(paths, bad_lines: str = "skip", fmt: str = "chat") -> tup
 
 def _parse(raw: bytes, where: str, index: int, fmt: str = "chat") -> Conversation:
     rec = as_chat(read_record(raw, where), fmt, where)
-    messages = rec.get("messages", rec.get("conversations"))
+    messages = record_messages(rec, where)  # ShareGPT, OpenAI parts and tool turns mapped
     check_messages(messages, where)
     if messages[-1]["role"] == "user":
         # prompts only (the usual input: the replies are to come from the target): the

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dflash.errors import ConfigError
+
 
 def in_block(block_size: int, window: int | None = None, causal: bool = False,
              device=None) -> torch.Tensor:
@@ -104,8 +106,21 @@ def _tile_counts(anchors, anchor_valid, ctx_valid, block_size, tile, ctx_lo=None
     return ctx + own[None] * int(own_visible), hi - lo
 
 
+FLEX_TILE = 128  # flex_attention's default block (tile) size
+
+
+def check_flex_block_size(block_size: int, tile: int = FLEX_TILE) -> None:
+    """A block must not straddle a flex tile: checked at start (a run on GPU would
+    otherwise fail at its first step, after the target loaded)."""
+    if tile % int(block_size):
+        divisors = [d for d in (2, 4, 8, 16, 32, 64, 128) if tile % d == 0]
+        raise ConfigError(f"model.drafter.block_size={block_size} does not divide flex "
+                          f"attention's tile of {tile} (on GPU): use one of {divisors}, or "
+                          "model.attention=sdpa")
+
+
 def flex_block_mask(anchors, anchor_valid, ctx_valid, block_size, ctx_lo=None, window=None,
-                    causal: bool = False, tile: int = 128):
+                    causal: bool = False, tile: int = FLEX_TILE):
     """The same visibility as `block_mask`, as a flex_attention BlockMask built from tile
     counts: nothing of size [Q, KV] is ever made (an uncompiled `create_block_mask`
     evaluates the dense mask: +1 GB at 512 anchors x 3K context), and tiles whose every
@@ -114,8 +129,7 @@ def flex_block_mask(anchors, anchor_valid, ctx_valid, block_size, ctx_lo=None, w
     and full only when its last query (the narrowest) sees every key."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    if tile % block_size:
-        raise ValueError(f"flex tile {tile} must be a multiple of the block size {block_size}")
+    check_flex_block_size(block_size, tile)
     b, a = anchors.shape
     s = ctx_valid.shape[1]
     q_len, kv_len = a * block_size, s + a * block_size

@@ -25,8 +25,18 @@ def main(argv=None) -> int:
     ap.add_argument("--file", help="commands to check in order, one a line")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = ap.parse_args(argv)
+    # transformers' and torch's notes about fake tensors are not the user's business;
+    # put back afterwards (main() also runs inside other programs and tests)
     logging.disable(logging.WARNING)
-    warnings.filterwarnings("ignore")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _run(args)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _run(args) -> int:
     from dflash.preflight.checks import Session, check
     from dflash.preflight.command import parse
     from dflash.preflight.world import World

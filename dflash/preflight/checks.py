@@ -182,6 +182,9 @@ def check_train(cmd: Command, world: World, session: Session, rep: Report) -> No
     vocab = _vocab(hc)
     mask = checked_mask(cfg.model.drafter, vocab, tok)
     d = cfg.model.drafter
+    if place.gpu and choice(cfg.model.attention) in ("auto", "flex"):
+        from dflash.model.masks import check_flex_block_size
+        check_flex_block_size(int(d.block_size))
     rep.add("drafter", f"{d.num_layers} layers x {text.hidden_size}, block {d.block_size}, "
             f"{d.num_anchors} anchors a row, mask id {mask}")
     lengths = _train_lengths(cfg, session, rep, vocab, mask)

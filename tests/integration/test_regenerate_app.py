@@ -33,7 +33,10 @@ def _jsonl(path, rows, extra=b""):
 
 
 def _args(tok, inp, out, *extra):
-    return [f"inputs=[{inp}]", f"out={out}", f"tokenizer={tok}", f"model.target.vocab_size={VOCAB}",
+    # model=tiny: an in-memory target of the tokenizer's size (the app's default is a
+    # local model, model=hf)
+    return [f"inputs=[{inp}]", f"out={out}", f"tokenizer={tok}", "model=tiny",
+            f"model.target.vocab_size={VOCAB}",
             "max_new_tokens=12", "max_seq_len=64", "progress=false",
             f"hydra.run.dir={out.parent / 'hydra'}", *extra]
 

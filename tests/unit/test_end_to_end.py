@@ -78,11 +78,11 @@ def test_each_stage_takes_its_apps_keys_nested_as_in_its_config():
     assert "optim.weight_decay=0.01" in train and "model.drafter.block_size=8" in train
     assert overrides(cfg.eval) == ['baselines=["lookup"]']
     # the recipe's own regenerate key, and the one added
-    assert overrides(cfg.regenerate) == ["model.target.dtype=bfloat16", "progress=false"]
+    assert overrides(cfg.regenerate) == ["model.target.dtype=native", "progress=false"]
     # each is a valid override of its app
     compose("train", train)
     compose("eval", overrides(cfg.eval))
-    assert compose("regenerate", overrides(cfg.regenerate)).model.target.dtype == "bfloat16"
+    assert compose("regenerate", overrides(cfg.regenerate)).model.target.dtype == "native"
 
 
 def test_a_group_choice_for_a_stage_keeps_the_recipes_keys_for_that_group():

@@ -142,3 +142,18 @@ def test_a_target_tp_cannot_split_is_refused_naming_the_key(tmp_path, monkeypatc
                         lambda name: None if name == "accelerate" else real(name))
     with pytest.raises(ConfigError, match=r"needs the accelerate package: pip install"):
         tp_target.check_tp(qwen, 2)
+
+
+def test_training_on_cpu_beside_a_gpu_says_so_first(monkeypatch, capsys):
+    """The CPU demo's default topology on a GPU machine: one line naming what to add."""
+    import torch
+    from omegaconf import OmegaConf
+    from dflash.train import cpu_notice
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    cpu_notice(OmegaConf.create({"name": "cpu", "device": "cpu"}))
+    err = capsys.readouterr().err
+    assert "training on CPU (topology=cpu) although 8 GPU(s) are visible" in err
+    assert "topology=single_gpu" in err
+    cpu_notice(OmegaConf.create({"name": "single_gpu", "device": "cuda"}))
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,31 @@
+"""Settings that used to fail with a traceback after work was done now fail at start,
+in one line naming what to change."""
+
+import pytest
+
+from dflash.batching.distributed import _dealt
+from dflash.errors import ConfigError
+from dflash.model.masks import check_flex_block_size
+
+
+def test_a_block_size_that_straddles_flex_tiles_is_refused_at_start():
+    check_flex_block_size(16)
+    with pytest.raises(ConfigError, match=r"model.drafter.block_size=12 does not divide flex "
+                                          r"attention's tile of 128 .*model.attention=sdpa"):
+        check_flex_block_size(12)
+
+
+def test_an_epoch_with_no_batches_names_the_likely_settings():
+    with pytest.raises(ConfigError, match="no sample is left to train on .*data.overlong=drop"):
+        _dealt(0, 2, "repeat")
+
+
+def test_prompt_generation_that_runs_out_is_one_line(tmp_path, monkeypatch, capsys):
+    from dflash.data import prompt_gen
+    monkeypatch.setattr(prompt_gen, "_draw", lambda kind, rng, pools: ("the same prompt", None))
+    with pytest.raises(SystemExit) as e:
+        prompt_gen.main(["--n", "2", "--out", str(tmp_path / "p.jsonl")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1
+    assert "no new prompt after 10,000 draws at prompt 1 of 2" in err
+    assert not (tmp_path / "p.jsonl").exists()  # nothing half-written
