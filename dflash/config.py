@@ -174,6 +174,9 @@ class EvalAppConfig:
     batch_size: int = 16  # prompts decoded together
     seed: int = 0  # sampling seed
     device: Device = Device.auto  # auto | cpu | cuda
+    # topology.target_tp > 1 (under torchrun): the target sharded over that many ranks,
+    # for a target larger than one GPU; otherwise one process on `device`
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
     out: Optional[str] = None  # JSON report
     # scored on the same prompts, each against the drafter with a paired interval:
     # untrained (a fresh drafter of the same shape) | lookup (prompt lookup) | ngram

@@ -29,9 +29,11 @@ def main_app(cfg) -> dict:
         raise DataError("dflash.eval needs drafter=DIR and prompts=FILE (JSONL or data set dir) "
                         "to decode, or paths=DIR (held-out greedy replies) to walk")
     from dflash.step import resolve_target_dtype
-    dev = resolve_device(choice(cfg.device))
-    resolve_target_dtype(cfg.model.target, dev)
-    target = Target.from_config(cfg.model.target).to(dev)
+    target, dev = _load_target(cfg) if int(cfg.topology.target_tp) > 1 else (None, None)
+    if target is None:
+        dev = resolve_device(choice(cfg.device))
+        resolve_target_dtype(cfg.model.target, dev)
+        target = Target.from_config(cfg.model.target).to(dev)
     drafter = load_drafter(cfg.drafter, device=dev)
     target.layer_ids = list(drafter.spec.target_layer_ids)  # the checkpoint decides
     report = {"drafter": str(cfg.drafter)}
@@ -39,11 +41,30 @@ def main_app(cfg) -> dict:
         report.update(decoded(cfg, target, drafter))
     if cfg.paths:
         report["paths"] = walked(cfg, target, drafter)
-    if cfg.out:
+    if cfg.out and _main_rank():
         from pathlib import Path
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(report, indent=2))
     return report
+
+
+def _load_target(cfg):
+    """(target, device) of a target larger than one GPU: sharded over a TP group of
+    `topology.target_tp` ranks (torchrun), every rank decoding the same prompts in step
+    (the sharded forward is a collective); rank 0 writes the report."""
+    import os
+    from dflash.model.tp_target import TensorParallelTarget
+    from dflash.step import resolve_target_dtype
+    from dflash.topology import build_topology
+    cfg.topology.dp_size = int(os.environ.get("WORLD_SIZE", 1))
+    topo = build_topology(cfg.topology)
+    resolve_target_dtype(cfg.model.target, topo.target_device)
+    return TensorParallelTarget.load(cfg.model.target, topo.tp_mesh), topo.drafter_device
+
+
+def _main_rank() -> bool:
+    import os
+    return os.environ.get("RANK", "0") == "0"
 
 
 def decoded(cfg, target, drafter) -> dict:
@@ -147,7 +168,9 @@ config.register()
 @hydra.main(config_path="conf", config_name="eval", version_base="1.3")
 @user_errors_exit
 def main(cfg) -> None:
-    print(format_eval(main_app(cfg)))
+    report = main_app(cfg)
+    if _main_rank():
+        print(format_eval(report))
 
 
 if __name__ == "__main__":

@@ -390,17 +390,19 @@ def check_regenerate(cmd: Command, world: World, session: Session, rep: Report) 
 
 def check_eval(cmd: Command, world: World, session: Session, rep: Report) -> None:
     cfg = compose(cmd)
-    dev = choice(cfg.device)
-    gpu = dev == "cuda" or (dev == "auto" and world.has_gpu)
-    place = Placement(gpu, 1, 1, True)
+    if int(cfg.topology.target_tp) > 1:  # a target over a TP group of GPUs
+        place = placement(cfg.topology, cmd, world)
+    else:
+        dev = choice(cfg.device)
+        place = Placement(dev == "cuda" or (dev == "auto" and world.has_gpu), 1, 1, True)
     _not_on_cpu(place, world, cfg.model.target.path, "dflash.eval")
-    hc, *_ = target_facts(cfg.model.target, 1, rep)
+    hc, *_ = target_facts(cfg.model.target, place.tp, rep)
     _dtype_on_gpu(cfg.model.target, place, "eval")
     if cfg.drafter and not Path(cfg.drafter).exists():
         rep.unchecked.append(f"drafter: {cfg.drafter} is not here")
     tokens = int(cfg.batch_size) * (int(cfg.max_new_tokens) + 2048)
     _decode_fits(hc, cfg.model.target, tokens, place, world, rep,
-                 "batch_size x (prompt + max_new_tokens); dflash.eval runs on one device")
+                 "batch_size x (prompt + max_new_tokens)")
 
 
 def _dtype_on_gpu(tcfg, place: Placement, app: str) -> None:

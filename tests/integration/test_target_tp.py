@@ -106,11 +106,34 @@ def _tp_rank(rank, world, port, cache, out, paths, result):
                               {k: v.detach().clone() for k, v in tr.drafter.state_dict().items()},
                               summary["steps"], type(tr.target).__name__,
                               len((summary.get("warmup") or {}).get("per_shape", [])))
+        runs["eval"] = _eval_tp(rank, tr, out)
         if rank == 0:
             torch.save(runs, result)
         torch.distributed.barrier()
     finally:
         shutdown_process_group()  # as dflash's own ranks end
+
+
+def _eval_tp(rank, tr, out):
+    """dflash.eval of the trained drafter with its target whole on each rank, then
+    sharded over the two (topology.target_tp=2): the same tokens and acceptance."""
+    from dflash.config import compose
+    from dflash.evaluate import main_app
+    from dflash.model.checkpoint import save_drafter
+    if rank == 0:
+        save_drafter(tr.drafter, out / "eval_drafter")
+        prompts = [{"prompt_ids": [int(t) for t in p]} for p in tr.sources.eval_prompts[:3]]
+        (out / "eval_prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    torch.distributed.barrier()
+    reports = {}
+    for tp in (1, 2):
+        cfg = compose("eval", [f"drafter={out / 'eval_drafter'}", f"prompts={out / 'eval_prompts.jsonl'}",
+                               f"model.target.path={tr.sources.target_dir}", "device=cpu",
+                               "topology=pairs", "topology.device=cpu", f"topology.target_tp={tp}",
+                               "max_new_tokens=16"])
+        r = main_app(cfg)
+        reports[tp] = (r["tokens"], r["acceptance_length"])
+    return reports
 
 
 @pytest.mark.slow
@@ -141,6 +164,10 @@ def test_a_tp_target_gives_one_process_hidden_states_and_training(tmp_path, worl
     # resumed under TP from the step-4 checkpoint: bit-identical to the run that went on
     res_l, res_w, _, _, _ = runs["resumed"]
     assert res_l == tp_l[4:] and all(torch.equal(res_w[k], tp_w[k]) for k in tp_w)
+    # dflash.eval with the target sharded: the tokens and acceptance one process gives
+    whole, sharded = runs["eval"][1], runs["eval"][2]
+    assert whole[0] == sharded[0] and len(whole[0]) == 3
+    assert whole[1] == pytest.approx(sharded[1])
 
 
 @pytest.mark.slow
