@@ -274,10 +274,37 @@ def _shapes(cfg, lengths, place: Placement, rep: Report) -> list:
     run = sorted({plan.run_shape(bs, s) for bs, s in zip(plan.shapes.batch_size.tolist(),
                                                             plan.shapes.seq_len.tolist())})
     rep.add("steps", f"{steps:,} a rank an epoch x {epochs} epochs ({place.world_size} ranks)")
+    if cfg.get("cost"):
+        rep.add("epoch time", _epoch_time(cfg, plan, plans[0], place))
     rep.add("warmup", f"{plan.policy}: {len(plan.warm)} shapes warmed, {len(run)} run shapes")
     by_rows = max(run, key=lambda s: (s.batch_size, s.seq_len))
     by_tokens = max(run, key=lambda s: (s.tokens, s.seq_len))
     return [tuple(s.as_list()) for s in dict.fromkeys([by_rows, by_tokens])]
+
+
+def _epoch_time(cfg, plan, epoch0, place: Placement) -> str:
+    """`cost=FILE` (a step cost file `dflash.profile` measured on the run's hardware):
+    rank 0's first epoch, step by step at the shapes it runs at."""
+    from dflash.batching.distributed import shard
+    from dflash.batching.step_cost import MODEL_FIELDS, load_cost_file, predict_steps
+    from dflash.warmup.profile import model_identity
+    model, doc = load_cost_file(cfg.cost)
+    ident, here = doc["identity"], model_identity(cfg)
+    differ = [k for k in MODEL_FIELDS if k in ident and k in here and ident[k] != here[k]]
+    if differ:
+        raise DataError(f"cost file {cfg.cost}: {differ[0]} is {ident[differ[0]]!r} there but "
+                        f"{here[differ[0]]!r} in this run; profile this setup first")
+    b = cfg.batching
+    mine = shard(epoch0, 0, place.world_size, choice(b.remainder), bool(b.balance_steps),
+                 float(b.attention_cost), int(cfg.seed))
+    shapes = [plan.run_shape(int(n), int(s)) for n, s in zip(mine.batch_rows, mine.seq_len)]
+    pred = predict_steps(model, [x.batch_size for x in shapes], [x.seq_len for x in shapes],
+                         [x.anchors for x in shapes])
+    extra = (f", {pred['extrapolated_steps']} steps outside the profiled range"
+             if pred["extrapolated_steps"] else "")
+    sec = pred["total_seconds"]
+    return (f"{sec:,.1f} s ({sec / 60:.1f} min) predicted for epoch 0 on "
+            f"{ident.get('device', '?')} x {ident.get('device_count', '?')} ({cfg.cost}){extra}")
 
 
 def _run_dir(cmd: Command) -> str:

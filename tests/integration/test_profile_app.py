@@ -1,6 +1,7 @@
 """`python -m dflash.profile` writes a cost file the plan app and training then use."""
 import json
 
+import numpy as np
 
 from tests.helpers.run import WORLD, run_module
 
@@ -33,3 +34,30 @@ def test_profile_then_plan_and_train_with_the_cost_file(tmp_path, world_cache):
                      "model.drafter.block_size=8", f"cost={cost}",
                      f"hydra.run.dir={tmp_path / 'u'}", check=False)
     assert bad.returncode == 2 and "block_size is 16 there but 8 in this run" in bad.stderr
+
+
+def test_preflight_predicts_the_epoch_from_a_cost_file(tmp_path, world_cache):
+    """`cost=FILE` on a checked train command: the first epoch priced step by step at
+    the shapes it runs at; a file of another model is refused naming the field."""
+    from dflash.batching.step_cost import CostModel, write_cost_file
+    from dflash.config import compose
+    from dflash.preflight.checks import check
+    from dflash.preflight.command import parse
+    from dflash.preflight.world import World
+    from dflash.warmup.profile import model_identity
+    common = [*WORLD, f"data.cache_dir={world_cache}", f"hydra.run.dir={tmp_path / 'r'}"]
+    ident = {"device": "NVIDIA H100", "device_count": 1, "autocast": "bf16",
+             **model_identity(compose("train", common))}
+    model = CostModel(np.array([0.01, 0.0, 1e-6, 0.0, 0.0, 0.0]),
+                      {"rows": 64, "seq_len": 4096, "anchors": 64})
+    cost = write_cost_file(tmp_path / "cost.json", ident, model, [], {})
+    rep = check(parse("python -m dflash.train " + " ".join([*common, f"cost={cost}"])),
+                World.parse("cpu"))
+    rows = dict(rep.rows)
+    steps = int(rows["steps"].split()[0].replace(",", ""))
+    seconds = float(rows["epoch time"].split()[0].replace(",", ""))
+    assert rep.ok and "predicted for epoch 0 on NVIDIA H100 x 1" in rows["epoch time"]
+    assert seconds >= 0.01 * steps  # every step pays the constant term at least
+    other = check(parse("python -m dflash.train " + " ".join(
+        [*common, f"cost={cost}", "model.drafter.block_size=8"])), World.parse("cpu"))
+    assert "block_size is 16 there but 8 in this run" in other.refused
