@@ -50,8 +50,12 @@ STAGES = ("target", "prompts", "regenerate", "prepare", "train", "eval", "heldou
 
 
 class StageStopped(UserError):
-    """A stage's app returned without finishing its work (a stop signal checkpointed it):
-    no marker is written, so the same command goes on from where it stopped."""
+    """A stage's app returned without finishing its work (a stop signal checkpointed it,
+    or ended it): no marker is written, so the same command goes on from there."""
+
+
+class StageFailed(UserError):
+    """A stage's app failed: what it printed says why."""
 
 
 def train_finished(run_dir: Path) -> str | None:
@@ -111,8 +115,12 @@ def app(module: str, args: list) -> None:
     """One of dflash's apps in its own process (its output streams through)."""
     cmd = [sys.executable, "-m", module, *map(str, args)]
     rc = subprocess.run(cmd).returncode
+    if rc < 0:  # a signal ended it: its parts / checkpoints are what the rerun goes on from
+        import signal
+        raise StageStopped(f"stage {module} was stopped by {signal.Signals(-rc).name}; rerun "
+                           "the same command to go on (finished stages are skipped)")
     if rc != 0:
-        raise ConfigError(f"stage {module} ended with status {rc}; fix what it printed and "
+        raise StageFailed(f"stage {module} ended with status {rc}; fix what it printed and "
                           "rerun: finished stages are skipped")
 
 

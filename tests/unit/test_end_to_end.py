@@ -179,3 +179,16 @@ def test_a_preempted_train_stage_leaves_the_recipe_resumable(tmp_path):
     Stages(tmp_path).run("train", ["t"], lambda: train("never"),
                          unfinished=lambda: train_finished(run_dir))
     assert ran == ["SIGTERM", None]  # the finished stage is skipped on the next rerun
+
+
+def test_a_stage_ended_by_a_signal_is_resumable_and_a_failed_one_says_so(tmp_path, monkeypatch):
+    """A regenerate or eval stage killed by a signal has no marker and says the same
+    command goes on; an app that fails is its own error, not a config error."""
+    from dflash.end_to_end import StageFailed, StageStopped, app
+    (tmp_path / "selfkill.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
+    (tmp_path / "fails.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(StageStopped, match="stopped by SIGTERM; rerun the same command"):
+        app("selfkill", [])
+    with pytest.raises(StageFailed, match="ended with status 3"):
+        app("fails", [])
