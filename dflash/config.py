@@ -236,13 +236,43 @@ def safe_dirname(overrides: str, limit: int = 80) -> str:
     return name
 
 
+_CLASH_SAID = False  # the import-clash line, once a process
+
 # outputs/<dir>/DATE/TIME per app config (the app's config name where not listed)
 OUT_DIRS = {"train": "runs", "bucket_fit": "buckets"}
+
+
+def check_import_clash() -> str | None:
+    """The public reference drafter package ("dflash" on PyPI) imports as `dflash` too:
+    installed beside this one (distribution "dflash-trainer"), one shadows the other.
+    A line saying so (printed once by every app at start), or None."""
+    from importlib import metadata
+    try:
+        other = metadata.distribution("dflash")
+    except metadata.PackageNotFoundError:
+        return None
+    try:
+        ours = metadata.distribution("dflash-trainer")
+    except metadata.PackageNotFoundError:
+        ours = None
+    if ours is None or '"editable": true' in (other.read_text("direct_url.json") or ""):
+        return None  # (an editable "dflash" is this checkout under its former name)
+    return (f"dflash: warning: the package 'dflash' {other.version} (the public reference "
+            f"drafter, PyPI) is installed beside this project's 'dflash-trainer' "
+            f"{ours.version}; both import as `dflash` and one shadows the other: "
+            "pip uninstall dflash")
 
 
 def register() -> None:
     """Register the schemas and the sweep-dir resolver (each app calls this once at
     start; importing the library never touches Hydra's global store)."""
+    global _CLASH_SAID
+    if not _CLASH_SAID:
+        _CLASH_SAID = True
+        line = check_import_clash()
+        if line:
+            import sys
+            print(line, file=sys.stderr)
     if not OmegaConf.has_resolver("dflash_dirname"):
         OmegaConf.register_new_resolver("dflash_dirname", safe_dirname)
     if not OmegaConf.has_resolver("dflash_name"):  # a path's last part (run dir names)

@@ -21,20 +21,24 @@ def _integration(item) -> bool:
     return f"{os.sep}integration{os.sep}" in str(item.fspath)
 
 
-# seconds a file took on a 2-core AVX2 machine (2026-12-07, --durations): the heaviest
-# integration files go to the workers first, so the two finish together instead of one
-# running a 2-minute file alone at the end (548 -> ~500 s of a 2-worker run)
-HEAVY = {"test_train_run.py": 130, "test_resume.py": 90, "test_resume_ranks.py": 85,
-         "test_loss_norm_ddp.py": 66, "test_target_tp.py": 60, "test_warmup_run.py": 55,
-         "test_regenerate_app.py": 55, "test_documented_commands.py": 40,
-         "test_packed_training.py": 35, "test_preflight.py": 35,
-         "test_lossless_decoding.py": 33, "test_loss_falls.py": 33}
+# The heaviest integration files go to the workers first, so the two finish together
+# instead of one running a 2-minute file alone at the end; a heavy file that needs no
+# fitted world comes second, so one worker has work while the other fits the world
+# (seconds each took on a 2-core AVX2 machine, 2026-12-07: 548 s of suite before)
+HEAVY = ("test_train_run.py",  # 130 s, fits the world
+         "test_regenerate_app.py",  # 55 s, no world
+         "test_resume.py", "test_resume_ranks.py",  # 90 s, 85 s
+         "test_documented_commands.py",  # 40 s, no world
+         "test_loss_norm_ddp.py", "test_target_tp.py", "test_warmup_run.py",  # 66, 60, 55 s
+         "test_preflight.py", "test_packed_training.py", "test_lossless_decoding.py",
+         "test_loss_falls.py")
 
 
 def _order(item) -> tuple:
     if not _integration(item):
         return (0, 0)
-    return (1, -HEAVY.get(Path(str(item.fspath)).name, 0))
+    name = Path(str(item.fspath)).name
+    return (1, HEAVY.index(name) if name in HEAVY else len(HEAVY))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -23,7 +23,8 @@ def installed(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
                     "-q", "--target", str(site), str(src)], check=True, timeout=300,
                    capture_output=True)
-    assert list(site.glob("dflash-*.dist-info")) and not list(site.glob("__editable__*"))
+    # the distribution is dflash-trainer ("dflash" on PyPI is the public reference package)
+    assert list(site.glob("dflash_trainer-*.dist-info")) and not list(site.glob("__editable__*"))
     return site
 
 

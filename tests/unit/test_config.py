@@ -98,3 +98,21 @@ def test_production_checkpoints_on_a_clock_and_resumes():
     cfg = _compose("train", ["experiment=production"])
     assert cfg.checkpoint.every_minutes > 0 and str(cfg.resume) == "auto"
     assert str(cfg.checkpoint.dtype) == "bfloat16"
+
+
+def test_the_public_dflash_package_beside_this_one_is_named(monkeypatch):
+    """Both import as `dflash`: installed together, one shadows the other; every app says
+    so first (this project is the distribution dflash-trainer)."""
+    from importlib import metadata
+    from dflash.config import check_import_clash
+    found = {"dflash": "0.1.0", "dflash-trainer": "0.2.0"}
+
+    def distribution(name):
+        if name not in found:
+            raise metadata.PackageNotFoundError(name)
+        return type("D", (), {"version": found[name], "read_text": lambda self, f: None})()
+    monkeypatch.setattr(metadata, "distribution", distribution)
+    line = check_import_clash()
+    assert "'dflash' 0.1.0 (the public reference drafter" in line and "pip uninstall dflash" in line
+    del found["dflash"]
+    assert check_import_clash() is None
