@@ -27,8 +27,10 @@ def build_baseline(name: str, drafter, target, ngram_data: str | None = None):
     bs = drafter.spec.block_size
     if name == "untrained":
         from dflash.model.drafter import DFlashDrafter
-        torch.manual_seed(0)
-        fresh = DFlashDrafter(drafter.spec).to(target.lm_head_weight.device).eval()
+        with torch.random.fork_rng(devices=[]):  # the caller's RNG stream stays its own
+            torch.manual_seed(0)
+            fresh = DFlashDrafter(drafter.spec)
+        fresh = fresh.to(target.lm_head_weight.device).eval()
         return DrafterProposer(fresh, target)
     if name == "lookup":
         return PromptLookupProposer(block_size=bs)

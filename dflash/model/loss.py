@@ -54,7 +54,7 @@ class Objective:
         if self.kind not in LOSS_KINDS:
             raise ConfigError(f"loss.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
         if self.norm == "plan" and not self.batch_weight > 0:
-            raise ValueError(f"loss_norm=plan needs a positive batch_weight, got {self.batch_weight}")
+            raise ValueError(f"loss.norm=plan needs a positive batch_weight, got {self.batch_weight}")
 
     def block_weight(self, block_size: int) -> float:
         """The loss weight of one fully supervised block."""

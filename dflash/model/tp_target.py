@@ -35,9 +35,29 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+# The transformers releases this module's patches (a bound method, a private dict, a
+# private function, a module function swapped during load) were tested against
+TESTED_TRANSFORMERS = ("5.0", "5.25")
+
+
+def check_transformers_version(version: str | None = None) -> None:
+    """A sharded load patches transformers internals: refuse a release outside the
+    tested ones in one line instead of failing somewhere inside a load."""
+    import transformers
+    version = version or transformers.__version__
+    major_minor = tuple(int(x) for x in version.split(".")[:2])
+    lo, hi = (tuple(int(x) for x in v.split(".")) for v in TESTED_TRANSFORMERS)
+    if not lo <= major_minor <= hi:
+        raise ConfigError(f"topology.target_tp needs transformers {TESTED_TRANSFORMERS[0]} to "
+                          f"{TESTED_TRANSFORMERS[1]} (tested; it patches internals), this is "
+                          f"{version}: pip install 'transformers>={TESTED_TRANSFORMERS[0]},"
+                          f"<={TESTED_TRANSFORMERS[1]}.99'")
+
+
 def check_tp(path: str | Path, tp: int) -> None:
     """Refuse, naming the key, a target that cannot be split `tp` ways."""
     from transformers import AutoConfig
+    check_transformers_version()
     if importlib.util.find_spec("accelerate") is None:
         raise ConfigError("topology.target_tp needs the accelerate package: "
                           "pip install -e '.[tp]' (or pip install accelerate)")

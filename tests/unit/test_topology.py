@@ -157,3 +157,12 @@ def test_training_on_cpu_beside_a_gpu_says_so_first(monkeypatch, capsys):
     assert "topology=single_gpu" in err
     cpu_notice(OmegaConf.create({"name": "single_gpu", "device": "cuda"}))
     assert capsys.readouterr().err == ""
+
+
+def test_a_sharded_load_refuses_an_untested_transformers_release():
+    from dflash.errors import ConfigError
+    from dflash.model.tp_target import check_transformers_version
+    check_transformers_version("5.25.0")
+    check_transformers_version("5.0.1")
+    with pytest.raises(ConfigError, match="needs transformers 5.0 to 5.25 .*this is 5.30.0"):
+        check_transformers_version("5.30.0")
