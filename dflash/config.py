@@ -177,6 +177,10 @@ class EvalAppConfig:
     # topology.target_tp > 1 (under torchrun): the target sharded over that many ranks,
     # for a target larger than one GPU; otherwise one process on `device`
     topology: TopologyConfig = field(default_factory=TopologyConfig)
+    # true: also time greedy decoding at batch 1, plainly and with the drafter, prompt by
+    # prompt on this machine: tokens/s of each and the speedup with a 95% interval
+    # (dflash/eval/speed.py; the report's `speed`)
+    speed: bool = False
     out: Optional[str] = None  # JSON report
     # scored on the same prompts, each against the drafter with a paired interval:
     # untrained (a fresh drafter of the same shape) | lookup (prompt lookup) | ngram

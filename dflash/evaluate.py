@@ -41,6 +41,8 @@ def main_app(cfg) -> dict:
         report.update(decoded(cfg, target, drafter))
     if cfg.paths:
         report["paths"] = walked(cfg, target, drafter)
+    if cfg.speed:
+        report["speed"] = timed(cfg, target, drafter)
     if cfg.out and _main_rank():
         from pathlib import Path
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
@@ -106,6 +108,23 @@ def decoded(cfg, target, drafter) -> dict:
     return report
 
 
+def timed(cfg, target, drafter) -> dict:
+    """`speed=true`: batch-1 greedy tokens/s plainly and with the drafter on this machine."""
+    from dflash.errors import ConfigError
+    from dflash.eval.speed import measure_speed
+    from dflash.options import choice
+    if float(cfg.temperature) != 0.0 or not cfg.prompts:
+        raise ConfigError("speed=true times greedy decoding of prompts=: it needs "
+                          f"temperature=0 and prompts= (got temperature={cfg.temperature})")
+    tok = None
+    if choice(cfg.format) != "prompt_ids":
+        from dflash.data.prepare import load_tokenizer
+        tok = load_tokenizer(cfg.tokenizer or cfg.model.target.path)
+    prompts = load_prompts(cfg.prompts, int(cfg.num_prompts), choice(cfg.format), tok)
+    return measure_speed(target, drafter, prompts, int(cfg.max_new_tokens),
+                         getattr(target.config, "eos_token_id", None))
+
+
 def walked(cfg, target, drafter) -> dict:
     """Greedy acceptance along the held-out replies of `paths` (dflash.eval.paths): the
     drafter, then each baseline, with paired intervals."""
@@ -143,6 +162,9 @@ def format_eval(report: dict) -> str:
         lines += [f"along {p['replies']} held-out greedy replies ({p['verify_steps']} verify "
                   f"steps of the drafter): acceptance length {p['acceptance_length']:.3f}",
                   *comparison_table(p)]
+    if "speed" in report:
+        from dflash.eval.speed import format_speed
+        lines.append(format_speed(report["speed"]))
     return "\n".join(lines)
 
 

@@ -95,3 +95,37 @@ def test_eval_app_measures_a_checkpoint_and_refuses_a_mismatch(tmp_path, target)
     bad = run_module("dflash.eval", *args[:2], f"model.target.path={other}",
                      f"hydra.run.dir={tmp_path}/run2", check=False)
     assert bad.returncode != 0 and "does not fit the target" in bad.stderr
+
+
+def test_speed_times_plain_and_drafted_greedy_decoding_at_batch_one(tmp_path, target):
+    """speed=true: each prompt decoded plainly and with the drafter at batch 1, timed:
+    the same tokens (greedy is lossless), tokens/s of each, and the speedup with an
+    interval that holds it; the plain decoder is the target's own greedy continuation."""
+    import json
+    from dflash.eval.speed import PlainProposer, measure_speed
+    from dflash.model.checkpoint import save_drafter
+    from tests.helpers.run import run_module
+    prompts = _prompts(4)
+    plain = speculative_decode(target, PlainProposer(), prompts[:1], 12, batch_size=1)
+    assert plain.tokens[0] == target_greedy(target, prompts[0], 12)
+    assert set(plain.accept_lengths[0]) == {1}  # one token a step
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(DrafterSpec.from_target(target, OmegaConf.structured(DrafterConfig())))
+    s = measure_speed(target, drafter, prompts, 12)
+    assert s["outputs_equal"] and s["batch_size"] == 1 and len(s["per_prompt"]) == 4
+    assert s["plain_tokens_per_second"] > 0 and s["drafter_tokens_per_second"] > 0
+    sp = s["speedup"]
+    assert sp["lo"] <= sp["value"] <= sp["hi"]
+    assert sp["value"] == pytest.approx(s["drafter_tokens_per_second"] / s["plain_tokens_per_second"])
+    # through the app: the report's `speed`, and greedy only
+    target.lm.save_pretrained(tmp_path / "target")
+    save_drafter(drafter, tmp_path / "drafter")
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
+    args = [f"drafter={tmp_path}/drafter", f"prompts={tmp_path}/p.jsonl",
+            f"model.target.path={tmp_path}/target", "max_new_tokens=8", "speed=true",
+            f"out={tmp_path}/r.json", f"hydra.run.dir={tmp_path}/run"]
+    proc = run_module("dflash.eval", *args)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["speed"]["outputs_equal"] and "speedup" in proc.stdout
+    bad = run_module("dflash.eval", *args, "temperature=0.7", check=False)
+    assert bad.returncode == 2 and "speed=true times greedy decoding" in bad.stderr
