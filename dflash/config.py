@@ -259,8 +259,10 @@ def check_import_clash() -> str | None:
         ours = metadata.distribution("dflash-trainer")
     except metadata.PackageNotFoundError:
         ours = None
-    if ours is None or '"editable": true' in (other.read_text("direct_url.json") or ""):
-        return None  # (an editable "dflash" is this checkout under its former name)
+    here = Path(__file__).resolve().parents[1]
+    if ours is None or '"editable": true' in (other.read_text("direct_url.json") or "") \
+            or Path(str(other.locate_file(""))).resolve() == here:
+        return None  # an editable "dflash", or its egg-info: this checkout's former name
     return (f"dflash: warning: the package 'dflash' {other.version} (the public reference "
             f"drafter, PyPI) is installed beside this project's 'dflash-trainer' "
             f"{ours.version}; both import as `dflash` and one shadows the other: "

@@ -110,7 +110,8 @@ def test_the_public_dflash_package_beside_this_one_is_named(monkeypatch):
     def distribution(name):
         if name not in found:
             raise metadata.PackageNotFoundError(name)
-        return type("D", (), {"version": found[name], "read_text": lambda self, f: None})()
+        return type("D", (), {"version": found[name], "read_text": lambda self, f: None,
+                              "locate_file": lambda self, f: "/elsewhere/site-packages"})()
     monkeypatch.setattr(metadata, "distribution", distribution)
     line = check_import_clash()
     assert "'dflash' 0.1.0 (the public reference drafter" in line and "pip uninstall dflash" in line
