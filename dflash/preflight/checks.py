@@ -79,5 +79,7 @@ def check_buckets(cmd: Command, world: World, session: Session, rep: Report) -> 
         rep.add("writes", cfg.out)
 
 
-CHECKS = {"dflash.buckets": check_buckets, "dflash.train": check_train, "dflash.regenerate": check_regenerate,
-          "dflash.eval": check_eval, "dflash.data.prepare": check_prepare}
+# each app's checks (any other app: its config composes)
+CHECKS = {"dflash.train": check_train, "dflash.regenerate": check_regenerate,
+          "dflash.eval": check_eval, "dflash.data.prepare": check_prepare,
+          "dflash.buckets": check_buckets}
