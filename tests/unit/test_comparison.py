@@ -72,3 +72,16 @@ def test_the_per_job_table_shows_predicted_beside_measured_time():
     rows = job_rows(jobs)
     md = format_markdown(rows, group_rows(rows), None)
     assert "| 10.0 (9.5) |" in md and "| 11.0 |" in md
+
+
+def test_the_speedup_interval_is_the_ratio_of_sums_resampled_over_prompts():
+    """eval speed=true's interval: drafter tokens/s over plain tokens/s, both pooled
+    over the prompts, resampled in pairs; equal decoders give 1 exactly."""
+    from dflash.eval.speed import ratio_interval
+    tok, sec = [10, 20, 30, 40], [1.0, 2.0, 2.0, 5.0]
+    same = ratio_interval(tok, sec, tok, sec)
+    assert same == {"value": 1.0, "lo": 1.0, "hi": 1.0}
+    twice = ratio_interval(tok, [s / 2 for s in sec], tok, sec)
+    assert twice["value"] == 2.0 and twice["lo"] == twice["hi"] == 2.0
+    mixed = ratio_interval([10, 10], [1.0, 4.0], [10, 10], [2.0, 2.0])
+    assert mixed["value"] == (20 / 5) / (20 / 4) and mixed["lo"] < mixed["value"] < mixed["hi"]
