@@ -4,7 +4,8 @@ The real step (dflash.step.TrainStep: target context -> drafter loss -> backward
 -> AdamW) runs under `FakeTensorMode` on this CPU, its live storage followed op by op
 (`LiveBytes`, what torch's `MemTracker` and torchtitan's estimator measure, faster):
 nothing is allocated, no weights are read, an 8B target at 49,152 tokens takes seconds.
-Checked on real tensors against `MemTracker` (tests/unit/test_preflight_memory.py).
+Checked on real tensors against `MemTracker` (tests/integration/test_preflight.py,
+benchmarks/bench_preflight_memory.py).
 
 What a fake CPU run cannot stand for is accounted for explicitly (and said in the notes):
 - attention kernels: on a GPU the target runs flash/SDPA kernels and the drafter flex
