@@ -28,7 +28,8 @@ def check(hidden: int, layers: int, vocab: int, rows: int, seq: int, anchors: in
     from dflash.config import compose
     from dflash.preflight.memory import estimate
     hc = small_config(hidden, layers, vocab)
-    cfg = compose("train", ["model=qwen3_8b", "model.target.path=/x", "model.target.dtype=float32",
+    cfg = compose("train", ["model=hf", "model.target.path=/x", "model.target.dtype=float32",
+                            "model.drafter.num_anchors=512",
                             f"model.drafter.num_layers={drafter_layers}",
                             f"optim.micro_rows={micro}"])
     t0 = time.perf_counter()

@@ -205,6 +205,13 @@ class EndToEndConfig:
     paths: int = 480
     max_new_tokens: int = 128  # per regenerated reply
     eval_max_new_tokens: int = 64  # tokens decoded per held-out prompt
+    # before the long stages: the recipe's apps on `estimate_prompts` prompts, and
+    # regenerate + train priced on this machine from their rates (dflash/recipe_estimate.py)
+    estimate: bool = True
+    estimate_prompts: int = 16
+    # minutes regenerate + train may take by that estimate: prompts and paths are scaled
+    # down together to fit (the recipe prints what it scaled); None: the counts as given
+    budget_minutes: Optional[float] = None
     # a llama.cpp source tree with DFlash support and build/bin/llama-server: the last
     # stage serves the drafter there and compares tokens and acceptance with dflash's;
     # None: $LLAMA_CPP_DIR if set, else the stage is skipped
@@ -284,6 +291,9 @@ def register() -> None:
     if not OmegaConf.has_resolver("dflash_name"):  # a path's last part (run dir names)
         OmegaConf.register_new_resolver(
             "dflash_name", lambda p: safe_dirname(Path(str(p)).name) if p else "in-memory")
+    if not OmegaConf.has_resolver("dflash_drafter_layers"):  # experiment=production's depth
+        from dflash.model.derive import drafter_layers
+        OmegaConf.register_new_resolver("dflash_drafter_layers", drafter_layers)
     if not OmegaConf.has_resolver("dflash_outdir"):  # conf/hydra/output/dflash.yaml
         OmegaConf.register_new_resolver("dflash_outdir", lambda app: OUT_DIRS.get(app, app))
     cs = ConfigStore.instance()

@@ -3,6 +3,9 @@ to finish, each stage one of dflash's own apps.
 
     target      the model: SmolLM2-135M-Instruct from its pip package, converted once to
                 an HF directory (or `target=DIR`, any local HF chat model)
+    estimate    the recipe's apps on 16 prompts: regenerate and train priced on this
+                machine before they run (`budget_minutes=N` scales prompts and paths
+                down to fit, saying what it scaled; `estimate=false` skips it)
     prompts     a seeded prompt set (`dflash.data.prompt_gen`) and held-out prompts of
                 the same kinds on subjects no training prompt mentions
     regenerate  the target answers the training prompts (on-policy replies, token ids kept)
@@ -45,7 +48,7 @@ from dflash.errors import ConfigError, UserError, user_errors_exit
 
 config.register()
 
-STAGES = ("target", "prompts", "regenerate", "prepare", "train", "eval", "heldout_replies",
+STAGES = ("target", "estimate", "prompts", "regenerate", "prepare", "train", "eval", "heldout_replies",
           "paths", "llama_cpp")
 
 
@@ -227,14 +230,15 @@ def run(cfg: DictConfig) -> dict:
     from dflash.model.gguf import smollm2_dir
     tgt = Path(str(cfg.target)) if cfg.target else smollm2_dir(str(cfg.cache_dir), convert=False)
     st.run("target", ["convert", str(tgt)], lambda: target_dir(cfg, work))
-    # the marker holds the prompts' digest, not only the counts: a changed generator
-    # writes other prompts for the same command, and every later stage must follow
-    sets = prompt_sets(int(cfg.prompts), int(cfg.heldout), int(cfg.paths))
-    digest = hashlib.sha1(json.dumps(sets, sort_keys=True).encode()).hexdigest()[:12]
-    st.run("prompts", ["prompt_gen", int(cfg.prompts), int(cfg.heldout), int(cfg.paths), digest],
-           lambda: write_prompt_sets(work, sets))
     model = ["model=hf", f"model.target.path={tgt}"]
     regen_keys = with_group_choices(cfg.regenerate, recipe_keys("regenerate"))
+    n_prompts, n_paths = estimate(cfg, st, work, model, regen_keys)
+    # the marker holds the prompts' digest, not only the counts: a changed generator
+    # writes other prompts for the same command, and every later stage must follow
+    sets = prompt_sets(n_prompts, int(cfg.heldout), n_paths)
+    digest = hashlib.sha1(json.dumps(sets, sort_keys=True).encode()).hexdigest()[:12]
+    st.run("prompts", ["prompt_gen", n_prompts, int(cfg.heldout), n_paths, digest],
+           lambda: write_prompt_sets(work, sets))
     regenerate(st, "regenerate", work, "prompts.jsonl", "replies.jsonl", model,
                int(cfg.max_new_tokens), regen_keys)
     prep = ["--jsonl", work / "replies.jsonl", "--tokenizer", tgt, "--out", work / "data"]
@@ -254,12 +258,38 @@ def run(cfg: DictConfig) -> dict:
           f"out={work / 'eval.json'}", f"hydra.run.dir={work / 'eval'}",
           *with_group_choices(cfg.eval, recipe_keys("eval"))]
     st.run("eval", ev, lambda: app("dflash.eval", ev))
-    if int(cfg.paths):
+    if n_paths:
         walk_paths(cfg, st, work, tgt, run_dir / "drafter", model, regen_keys)
     else:
         (work / "paths.json").unlink(missing_ok=True)
     serve_check(cfg, st, work, tgt, run_dir / "drafter")
     return summarize(work, run_dir, st.seconds)
+
+
+def estimate(cfg, st: Stages, work: Path, model: list, regen_keys: list) -> tuple[int, int]:
+    """The long stages priced on this machine before they run (dflash/recipe_estimate.py),
+    and (prompts, paths) scaled to `budget_minutes` where they would not fit it."""
+    from dflash.recipe_estimate import Estimate, probe
+    if not cfg.estimate:
+        return int(cfg.prompts), int(cfg.paths)
+    train_keys = with_group_choices(cfg.train, recipe_keys("train"))
+    n = int(cfg.estimate_prompts)
+    sample = prompt_sets(n, 1)["prompts.jsonl"]
+    out = work / "estimate.json"
+    st.run("estimate", ["probe", n, int(cfg.max_new_tokens), *model, *regen_keys, *train_keys],
+           lambda: out.write_text(json.dumps(probe(
+               work / "estimate", sample, app, model, regen_keys, train_keys,
+               int(cfg.max_new_tokens)))))
+    epochs = int(config.compose("train", [*model, *train_keys]).epochs)
+    est = Estimate(**json.loads(out.read_text()), prompts=int(cfg.prompts),
+                   paths=int(cfg.paths), epochs=epochs)
+    print(f"[estimate] on this machine: {est.lines()}", flush=True)
+    prompts, paths = est.scaled(cfg.budget_minutes)
+    if (prompts, paths) != (est.prompts, est.paths):
+        print(f"[estimate] scaled to budget_minutes={cfg.budget_minutes:g}: prompts "
+              f"{est.prompts} -> {prompts}, paths {est.paths} -> {paths} "
+              f"(~{est.with_counts(prompts, paths).seconds / 60:.0f} min)", flush=True)
+    return prompts, paths
 
 
 def regenerate(st: Stages, stage: str, work: Path, prompts: str, out: str, model: list,

@@ -232,6 +232,9 @@ class DatasetWriter:
         self._mask.write(m.astype(np.uint8).tobytes())
         self._offsets.append(self._offsets[-1] + len(t))
 
+    def __len__(self) -> int:  # samples added so far
+        return len(self._offsets) - 1
+
     def close(self) -> TokenDataset:
         self._tok.close()
         self._mask.close()

@@ -28,6 +28,7 @@ import multiprocessing
 from pathlib import Path
 
 import numpy as np
+from jinja2.exceptions import TemplateError
 from tqdm.auto import tqdm
 
 from dflash.errors import DataError, user_errors_exit
@@ -94,6 +95,8 @@ def _encode_line(item, tok=None, eot=None):
         return line_no, ids, mask
     except DataError as exc:
         return line_no, None, str(exc)
+    except TemplateError as exc:  # the template's own refusal (a role it does not support)
+        return line_no, None, f"{where}: the tokenizer's chat template refuses it: {exc}"
 
 
 def jsonl_lines(jsonl: Path):
@@ -150,6 +153,9 @@ def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
     finally:
         if pool:
             pool.terminate()
+    if not len(writer) and skipped:  # nothing usable: say why, not only "empty"
+        raise DataError(f"{jsonl}: no usable conversation ({len(skipped)} skipped, first: "
+                        f"{skipped[0]})")
     ds = writer.close()
     summary = {"samples": len(ds), "tokens": int(ds.offsets[-1]),
                "supervised_tokens": int(np.asarray(ds.loss_mask).sum(dtype=np.int64)),
@@ -158,9 +164,6 @@ def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
     if skipped:
         print(f"prepare: skipped {len(skipped)} bad line(s) (bad_lines=skip), first: "
               f"{skipped[0]}; all listed in prepare_report.json", file=sys.stderr)
-    if not len(ds):
-        raise DataError(f"{jsonl}: no usable conversation ({len(skipped)} skipped, "
-                        f"first: {skipped[0] if skipped else 'none'})")
     (Path(out) / "prepare_report.json").write_text(json.dumps(summary, indent=2))
     return ds, summary
 

@@ -85,6 +85,11 @@ class TargetSession:
             getattr(tc, "sliding_window", None) is not None
             and getattr(tc, "use_sliding_window", True))
         self.compactable = not sliding
+        # and a window counted in slots counts padding and rejected drafts too: its masks
+        # are built here from each slot's position instead (sliding_masks)
+        self.window = (int(tc.sliding_window) if sliding and getattr(tc, "_attn_implementation", "sdpa")
+                       in ("sdpa", "eager") else None)  # (flash/flex read no 4D masks)
+        self.slot_pos = torch.zeros(b, 0, dtype=torch.long, device=dev)  # cached slots' positions
         # the drafter's context; proposers of token ids (lookup, n-gram) need none
         self.capture = bool(capture)
         n_ctx = len(target.layer_ids) * target.hidden_size if capture else 0
@@ -99,6 +104,12 @@ class TargetSession:
         self.first_logits = self._logits(last)  # [B, V]: distribution of the first new token
 
     def _forward(self, ids, pos, attention_mask):
+        if self.window is not None:
+            attention_mask = sliding_masks(self.target.config, self.slot_pos, pos,
+                                           attention_mask.bool(), self.window,
+                                           self.target.lm_head_weight.dtype)
+            self.slot_pos = torch.cat([self.slot_pos, pos], dim=1)  # the cache's new slots
+
         def forward():
             return self.target.base(input_ids=ids, position_ids=pos,
                                     attention_mask=attention_mask, cache=self.cache,
@@ -153,7 +164,26 @@ class TargetSession:
         for layer in self.cache.layers:
             layer.batch_select_indices(rows)
         self.keep, self.lengths = self.keep[rows], self.lengths[rows]
-        self.ctx, self.ids = self.ctx[rows], self.ids[rows]
+        self.ctx, self.ids, self.slot_pos = self.ctx[rows], self.ids[rows], self.slot_pos[rows]
+
+
+def sliding_masks(config, slot_pos, pos, valid, window: int, dtype):
+    """A sliding-window target's attention masks from positions, not cache slots: a query
+    at position p sees the kept slots at positions p - window + 1 .. p (HF's window),
+    full-attention layers every kept slot up to p. slot_pos [B, S] are the cached slots'
+    positions, pos [B, Q] the new tokens', valid [B, S + Q] which slots count. Models
+    with per-layer types take one mask a type; the others (Mistral) one 4D mask."""
+    kv = torch.cat([slot_pos, pos], dim=1)[:, None, None, :]
+    q = pos[:, None, :, None]
+    full = valid[:, None, None, :] & (kv <= q)
+    lowest = torch.finfo(dtype).min
+
+    def additive(m):  # 0 / lowest, as eager and sdpa attention both add it
+        return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, lowest)
+    sliding = additive(full & (kv > q - window))
+    if getattr(config, "layer_types", None):
+        return {"full_attention": additive(full), "sliding_attention": sliding}
+    return sliding
 
 
 # ---- proposers -----------------------------------------------------------------------

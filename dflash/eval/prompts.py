@@ -66,7 +66,11 @@ def _chat_prompts(path, limit: int, fmt: str, tok) -> list:
             msgs = msgs[:-1]
         if not msgs:
             raise DataError(f"{where}: no prompt before the reply")
-        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        from jinja2.exceptions import TemplateError
+        try:
+            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        except TemplateError as exc:  # the template's own refusal (a role it does not support)
+            raise DataError(f"{where}: the tokenizer's chat template refuses it: {exc}") from exc
         prompts.append(list(map(int, tok(text, add_special_tokens=False)["input_ids"])))
         if 0 <= limit <= len(prompts):
             break

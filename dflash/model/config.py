@@ -55,11 +55,13 @@ class TargetConfig:
 
 @dataclass
 class DrafterConfig:
-    num_layers: int = 1  # drafter decoder layers (the paper: 5 for 8B targets)
+    # drafter decoder layers (the paper: 5 for 8B targets; experiment=production derives
+    # it from the target's class: dflash/model/derive.py)
+    num_layers: int = 1
     block_size: int = 16  # tokens a block drafts, the anchor included
     num_anchors: int = 512  # anchor slots per row (blocks trained per sample)
     # the block's mask input; None: the last embedding row. A drafter must be served
-    # with the id it was trained with (model=qwen3_8b sets the public drafters' 151669);
+    # with the id it was trained with (null in model=hf: derived from the target's tokenizer, Qwen3's 151669);
     # a data set holding this id is refused, naming the sample
     mask_token_id: Optional[int] = None
     seed: int = 0  # the drafter's init seed and its anchor sampling
@@ -72,8 +74,8 @@ class DrafterConfig:
     # above the truth: SmolLM2-135M's first loss is 53.5 against ln(49,152) = 10.8. At 0
     # every first logit is 0 (first loss ln V exactly), but AdamW grows the weight by
     # ~lr a step, which slowed the world's run (acceptance 1.98 against ~2.9 after 320
-    # steps), so 1 stays the tiny world's default; model=hf starts at 0.05, the best of
-    # a real-model A/B (conf/model/hf.yaml)
+    # steps), so 1 stays the tiny world's default; model=hf starts at 0 and learns it at
+    # 10x lr (norm_lr_scale), the best of a real-model A/B (conf/model/hf.yaml)
     norm_init: float = 1.0
     # the final norm weight learns at lr x this. AdamW moves a weight by about lr a step
     # whatever its gradient, so a norm started at 0 (first loss ln V exactly) needs ~1/lr
@@ -130,7 +132,7 @@ class LossConfig:
     # rank it lands in (ce: weighted sum / the plan's mean weight per batch, known before
     # step 1; dpace: / the D-PACE weight of the whole step over every rank); batch: the
     # weighted mean of each batch (a block weighs 1 / its batch's weight, so each
-    # strategy re-weights the data its own way). See README.
+    # strategy re-weights the data its own way). See docs/objective.md.
     norm: LossNorm = LossNorm.plan
     # ce / dpace: > 0 runs the training softmax over the N token ids supervised most often
     # in the training samples (a frequency-ranked draft vocabulary, as FR-Spec / EAGLE-3);

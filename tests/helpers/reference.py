@@ -35,3 +35,39 @@ def reference_model():
     sys.modules[NAME] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def reference_drafter(path):
+    """The reference model built from a dflash export's config, with its weights."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import Qwen3Config
+    ref = reference_model()
+    model = ref.DFlashDraftModel(Qwen3Config(**json.loads((Path(path) / "config.json").read_text())))
+    missing, unexpected = model.load_state_dict(load_file(str(Path(path) / "model.safetensors")),
+                                                strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    return model.float().eval()
+
+
+def same_blocks(ours, ref, seq: int = 30, anchors=(3, 11, 17, 29), seed: int = 1) -> float:
+    """Max abs difference of dflash's drafter and the reference on the same random
+    context and block inputs (the reference drafts one block at a time after its context)."""
+    import torch
+    spec = ours.spec
+    ours = ours.float().eval()
+    g = torch.Generator().manual_seed(seed)
+    bs, h = spec.block_size, spec.hidden_size
+    ctx = torch.randn(1, seq, len(spec.target_layer_ids) * h, generator=g)
+    a = torch.tensor([list(anchors)])
+    emb = torch.randn(1, a.shape[1], bs, h, generator=g)
+    worst = 0.0
+    with torch.no_grad():
+        got = ours(ctx, torch.ones(1, seq, dtype=torch.bool), a,
+                   torch.ones_like(a, dtype=torch.bool), emb)
+        for j, x in enumerate(a[0].tolist()):
+            want = ref(position_ids=torch.arange(x + bs)[None], noise_embedding=emb[:, j],
+                       target_hidden=ctx[:, :x])
+            worst = max(worst, (got[:, j] - want).abs().max().item())
+    return worst

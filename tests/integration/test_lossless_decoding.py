@@ -64,3 +64,24 @@ def test_a_sliding_causal_drafter_decodes_losslessly_in_batches(target):
 def np_mean(rows):
     flat = [n for r in rows for n in r]
     return sum(flat) / len(flat)
+
+
+@pytest.mark.parametrize("family", ["Gemma3TextConfig", "MistralConfig"])
+def test_a_sliding_window_target_decodes_losslessly_in_batches(family):
+    """A target whose own layers attend over a window (Gemma 3: per-layer types; Mistral:
+    every layer) counts the window in positions: padding and rejected drafts in its
+    cache must not shorten it. Prompts of different lengths, a window shorter than the
+    reply and an untrained drafter (most drafts rejected): HF's greedy tokens, row by row."""
+    import transformers
+    from dflash.eval.decode import evaluate
+    hc = getattr(transformers, family)(
+        vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=6,
+        pad_token_id=0)
+    torch.manual_seed(0)
+    tgt = Target(transformers.AutoModelForCausalLM.from_config(hc)).eval()
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 500, (n,), generator=g) for n in (5, 11, 8)]
+    res = evaluate(tgt, _drafter(tgt).eval(), prompts, 20, batch_size=3)
+    for i, p in enumerate(prompts):
+        assert res.tokens[i] == target_greedy(tgt, p, 20), i

@@ -38,8 +38,8 @@ def test_a_command_is_read_as_its_launcher_reads_it():
 def test_taps_and_mask_token_come_from_the_targets_own_files(models, name, taps, mask, tmp_path,
                                                               monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # model=qwen3_8b is the Qwen3-8B recipe's drafter: its taps and mask are derived too
-    rep = check(parse(f"python -m dflash.train model=qwen3_8b data=tokenized data.path=data/ "
+    # model=hf (any causal LM): its taps and mask are derived from the target's files
+    rep = check(parse(f"python -m dflash.train model=hf data=tokenized data.path=data/ "
                       f"model.target.path={models[name]}"), World.parse("cpu"))
     rows = dict(rep.rows)
     assert rep.ok and rows["taps"] == str(taps)
@@ -137,7 +137,8 @@ def test_the_estimate_is_what_memtracker_sees_on_real_tensors(micro):
     hc = Qwen3Config(vocab_size=4096, hidden_size=128, intermediate_size=384,
                      num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
                      head_dim=32, tie_word_embeddings=False)
-    cfg = compose("train", ["model=qwen3_8b", "model.target.path=/x", "model.target.dtype=float32",
+    cfg = compose("train", ["model=hf", "model.target.path=/x", "model.target.dtype=float32",
+                            "model.drafter.num_anchors=512",
                             "model.drafter.num_layers=2", f"optim.micro_rows={micro}"])
     fake = estimate(hc, cfg, 4, 128, 16, 4095, queue_depth=0)
     real = estimate(hc, cfg, 4, 128, 16, 4095, queue_depth=0, real=True)

@@ -71,19 +71,6 @@ def test_train_experiments_compose(exp):
         assert cfg.logger.mode in ("offline", "disabled")  # no account needed
 
 
-def test_qwen3_8b_uses_the_published_mask_token(tmp_path):
-    # the public Qwen3-8B DFlash drafters and trainers use 151669, not the last row: the
-    # preset derives it from Qwen3-8B's own tokenizer files (the first row past them)
-    from dflash.data.mask_token import default_mask_token
-    from dflash.model.drafter import mask_token_id
-    from dflash.preflight.target_files import read_tokenizer
-    from tests.helpers.model_fixtures import write_model
-    cfg = _compose("train", ["model=qwen3_8b"])
-    assert cfg.model.drafter.mask_token_id is None  # derived, not pinned
-    tok = read_tokenizer(write_model(tmp_path, "Qwen3-8B"))
-    assert mask_token_id(cfg.model.drafter, 151936, default_mask_token(151936, tok)) == 151669
-
-
 def test_a_mask_token_outside_the_embedding_is_refused_naming_the_key():
     from dflash.errors import ConfigError
     from dflash.model.drafter import mask_token_id

@@ -8,7 +8,7 @@ import torch
 
 from dflash.model.checkpoint import load_drafter, save_drafter
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
-from tests.helpers.reference import reference_model
+from tests.helpers.reference import reference_drafter, reference_model
 
 LAYOUTS = {  # (layer_types, sliding_window, causal)
     "full": ([], None, False),
@@ -27,18 +27,6 @@ def _spec(layout):
                        layer_types=kinds, sliding_window=window, causal=causal)
 
 
-def _reference(path):
-    """The reference model built from dflash's exported config, with dflash's weights."""
-    from safetensors.torch import load_file
-    from transformers import Qwen3Config
-    ref = reference_model()
-    model = ref.DFlashDraftModel(Qwen3Config(**json.loads((path / "config.json").read_text())))
-    missing, unexpected = model.load_state_dict(load_file(str(path / "model.safetensors")),
-                                                strict=False)
-    assert not unexpected and all("rotary" in k for k in missing)
-    return model.float().eval()
-
-
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_every_block_equals_the_reference_drafter(tmp_path, layout):
     torch.manual_seed(0)
@@ -46,7 +34,7 @@ def test_every_block_equals_the_reference_drafter(tmp_path, layout):
     for p in ours.parameters():  # norms off 1, so a misplaced norm would show
         torch.nn.init.normal_(p, 1.0 if p.dim() == 1 else 0.0, 0.3 if p.dim() == 1 else 0.08)
     path = save_drafter(ours, tmp_path / "d", dtype=torch.float32)
-    ref = _reference(path)
+    ref = reference_drafter(path)
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["is_causal"] == cfg["dflash_config"]["causal"] == LAYOUTS[layout][2]
     assert len(cfg["layer_types"]) == 3
