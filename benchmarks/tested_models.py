@@ -45,6 +45,19 @@ are in [Any model](any-model.md).
 
 """
 
+NOTES = """
+
+Notes. The mask id is the first embedding row past the tokenizer's ids (each tiny
+tokenizer has 256 bytes and its family's specials). Gemma's published template raises
+on a system turn, so its prompts carry none, and a data set with one is refused in one
+line naming the line (`the tokenizer's chat template refuses it: System role not
+supported`, tested). Gemma 3's sliding-window layers (window 8 here, shorter than a
+prompt and its reply) decode losslessly in batches: dflash builds their masks from
+positions, not cache slots (tests/integration/test_lossless_decoding.py). For Qwen3-MoE,
+transformers' tensor-parallel plan splits the attention; the experts stay whole on each
+rank (transformers says so in one warning at load). OLMo-2 (no published template in the
+set) takes one training step in tests/unit/test_families.py; gpt-oss is not rehearsed."""
+
 
 def main() -> None:
     import torch.multiprocessing as mp
@@ -68,7 +81,7 @@ def main() -> None:
               f"acceptance {r['acceptance']:.2f}  lossless {r['lossless']}  "
               f"reader diff {r['reader_diff']:.1e}")
     machine = f"{platform.machine()} {platform.processor() or ''}".strip()
-    Path(args.out).write_text(HEAD + table(rows) + f"\n\nLast generated on {time.strftime('%Y-%m-%d')} "
+    Path(args.out).write_text(HEAD + table(rows) + NOTES + f"\n\nLast generated on {time.strftime('%Y-%m-%d')} "
                               f"({machine}, {os.cpu_count()} cores) in {time.time() - t0:.0f} s.\n")
     print(f"wrote {args.out}")
 

@@ -204,14 +204,18 @@ def train_digest(keys: list, data: str = "") -> str:
     """A digest of the training config `keys` compose to, defaults included: a dflash
     whose defaults changed (a group preset, a schema default) trains afresh on a rerun
     rather than skipping to the drafter the old defaults trained."""
+    from omegaconf import OmegaConf
+    cfg = compose_train(keys)
+    return hashlib.sha1((OmegaConf.to_yaml(cfg) + data).encode()).hexdigest()[:8]
+
+
+def compose_train(keys):
+    """The train app's config for `keys`, inside this app or outside it."""
     from hydra import compose as hydra_compose
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
     if GlobalHydra.instance().is_initialized():  # inside this app: its conf dir is dflash's
-        cfg = hydra_compose("train", list(keys))
-    else:
-        cfg = config.compose("train", keys)
-    return hashlib.sha1((OmegaConf.to_yaml(cfg) + data).encode()).hexdigest()[:8]
+        return hydra_compose("train", list(keys))
+    return config.compose("train", keys)
 
 
 def target_dir(cfg, work: Path) -> Path:
@@ -280,7 +284,7 @@ def estimate(cfg, st: Stages, work: Path, model: list, regen_keys: list) -> tupl
            lambda: out.write_text(json.dumps(probe(
                work / "estimate", sample, app, model, regen_keys, train_keys,
                int(cfg.max_new_tokens)))))
-    epochs = int(config.compose("train", [*model, *train_keys]).epochs)
+    epochs = int(compose_train([*model, *train_keys]).epochs)
     est = Estimate(**json.loads(out.read_text()), prompts=int(cfg.prompts),
                    paths=int(cfg.paths), epochs=epochs)
     print(f"[estimate] on this machine: {est.lines()}", flush=True)
