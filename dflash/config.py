@@ -216,6 +216,9 @@ class EndToEndConfig:
     # stage serves the drafter there and compares tokens and acceptance with dflash's;
     # None: $LLAMA_CPP_DIR if set, else the stage is skipped
     llama_cpp: Optional[str] = None
+    # with llama_cpp: llama-server's decoding speed, no speculation / its n-gram modes /
+    # the trained and an untrained drafter, at 1 and 4 concurrent requests (speed.json)
+    speed: bool = True
     # each app's own keys, nested as in its config (the recipe's CPU defaults live in
     # end_to_end.yaml): train.epochs=16, train.model.drafter.num_layers=2,
     # train.optim.weight_decay=0.1, +regenerate.batching.max_batch_size=32

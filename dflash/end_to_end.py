@@ -22,6 +22,9 @@ to finish, each stage one of dflash's own apps.
                 target and drafter converted by llama.cpp's own converter, served by
                 llama-server (draft-dflash), the held-out prompts decoded there; its tokens
                 and acceptance against dflash's (dflash/eval/llama_cpp.py)
+    speed       with llama.cpp: llama-server's greedy decoding speed on the held-out
+                prompts, no speculation against its n-gram modes and the trained (and an
+                untrained) drafter, at 1 and 4 concurrent requests (dflash/eval/engine_speed.py)
 
 Every stage writes under `workdir` and a marker with its command and wall time; a rerun
 skips each stage whose marker matches its command (regenerate and train continue a
@@ -48,8 +51,8 @@ from dflash.errors import ConfigError, UserError, user_errors_exit
 
 config.register()
 
-STAGES = ("target", "estimate", "prompts", "regenerate", "prepare", "train", "eval", "heldout_replies",
-          "paths", "llama_cpp")
+STAGES = ("target", "estimate", "prompts", "regenerate", "prepare", "train", "eval",
+          "heldout_replies", "paths", "llama_cpp", "speed")
 
 
 class StageStopped(UserError):
@@ -267,6 +270,7 @@ def run(cfg: DictConfig) -> dict:
     else:
         (work / "paths.json").unlink(missing_ok=True)
     serve_check(cfg, st, work, tgt, run_dir / "drafter")
+    serve_speed(cfg, st, work, tgt, run_dir)
     return summarize(work, run_dir, st.seconds)
 
 
@@ -349,6 +353,32 @@ def serve_check(cfg, st: Stages, work: Path, target: Path, drafter: Path) -> Non
     st.run("llama_cpp", ["llama-server", str(tree), str(drafter)], serve)
 
 
+def serve_speed(cfg, st: Stages, work: Path, target: Path, run_dir: Path) -> None:
+    """Where llama.cpp is at hand: its greedy decoding speed on the held-out prompts with
+    no speculation, its n-gram modes, the trained drafter (whole LM head and, trained
+    with loss.draft_vocab, the draft head) and an untrained one (dflash/eval/engine_speed.py)."""
+    from dflash.eval.llama_cpp import llama_cpp_tree
+    tree = llama_cpp_tree(cfg.llama_cpp)
+    if tree is None or not cfg.speed:
+        (work / "speed.json").unlink(missing_ok=True)
+        return
+    drafters = [f"trained={run_dir / 'drafter'}"]
+    if (run_dir / "drafter_draft_vocab").exists():
+        drafters.append(f"trained_draft_head={run_dir / 'drafter_draft_vocab'}")
+    drafters.append(f"untrained={work / 'untrained_drafter'}")
+    args = ["--llama-cpp", str(tree), "--target", str(target), "--prompts", str(work / "eval.json"),
+            "--max-new-tokens", str(int(cfg.eval_max_new_tokens)), "--out", str(work / "speed.json"),
+            "--work", str(work / "speed"), *[x for d in drafters for x in ("--drafter", d)]]
+
+    def measure():
+        from dflash.eval.baselines import untrained_like
+        from dflash.eval.engine_speed import main as engine_speed
+        from dflash.model.checkpoint import load_drafter, save_drafter
+        save_drafter(untrained_like(load_drafter(run_dir / "drafter")), work / "untrained_drafter")
+        engine_speed(args)
+    st.run("speed", args, measure)
+
+
 def summarize(work: Path, run_dir: Path, seconds: dict) -> dict:
     regen = json.loads((work / "replies.jsonl.report.json").read_text())
     train = json.loads((run_dir / "summary.json").read_text())
@@ -374,6 +404,8 @@ def summarize(work: Path, run_dir: Path, seconds: dict) -> dict:
                         **{name: {"acceptance_length": b["acceptance_length"],
                                   "drafter_minus_this": b["drafter_minus_this"]}
                            for name, b in p["baselines"].items()}}
+    if (work / "speed.json").exists():
+        out["speed"] = json.loads((work / "speed.json").read_text())
     if (work / "llama_cpp.json").exists():
         out["llama_cpp"] = {k: v for k, v in json.loads((work / "llama_cpp.json").read_text()).items()
                             if k != "per_prompt"}
@@ -401,6 +433,10 @@ def format_summary(s: dict) -> str:
     if "llama_cpp" in s:
         from dflash.eval.llama_cpp import format_check
         lines.append(format_check(s["llama_cpp"]))
+    if "speed" in s:
+        from dflash.eval.engine_speed import format_table
+        lines += ["llama-server speed, greedy, on the held-out prompts:",
+                  *[format_table(r) for r in s["speed"]["runs"]]]
     return "\n".join(lines)
 
 

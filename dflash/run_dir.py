@@ -2,6 +2,8 @@
 
     summary.json          the summary (non-finite floats as null)
     drafter/              the final drafter in the public DFlash layout
+    drafter_draft_vocab/  with loss.draft_vocab: the same drafter with its LM head cut to
+                          the draft vocabulary (lm_head.weight + d2t), for engines
     resolved_config.yaml  the fully resolved config
     eval_prompts.jsonl    the held-out prompts ({"prompt_ids": [...]} per line)
 """
@@ -14,6 +16,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from dflash.model.checkpoint import save_drafter
+from dflash.model.draft_head import save_draft_head
 from dflash.run_summary import check_summary
 
 
@@ -24,9 +27,13 @@ def write_summary(out_dir: Path, summary: dict) -> None:
 
 
 def write_run_dir(out_dir: Path, drafter, resolved: dict, eval_prompts, summary: dict,
-                  dtype=None) -> None:
+                  dtype=None, draft_head=None) -> None:
+    """`draft_head`: (the training's draft vocabulary ids, the target's LM head), written
+    as drafter_draft_vocab/ beside drafter/ (dflash/model/draft_head.py)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     save_drafter(drafter, out_dir / "drafter", dtype)
+    if draft_head is not None:
+        save_draft_head(out_dir / "drafter", out_dir / "drafter_draft_vocab", *draft_head)
     (out_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(resolved))
     with open(out_dir / "eval_prompts.jsonl", "w") as f:
         for p in eval_prompts:

@@ -380,9 +380,12 @@ class Trainer:
                 "wall_seconds": time.time() - t_start})
             if topo.is_main:
                 logger.log_eval(after, summary["steps"])
+                vocab = self.train_step.objective.vocab
                 write_run_dir(self.out_dir, self.drafter, resolved, self.sources.eval_prompts,
                               summary, export_dtype(choice(cfg.checkpoint.dtype),
-                                                    self.topo.drafter_device))
+                                                    self.topo.drafter_device),
+                              draft_head=None if vocab is None else
+                              (vocab.ids, self.target.lm_head_weight))
                 logger.summary(summary)
             failed = False
             return summary

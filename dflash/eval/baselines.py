@@ -22,15 +22,19 @@ from dflash.eval.decode import DrafterProposer, NgramProposer, PromptLookupPropo
 BASELINES = ("untrained", "lookup", "ngram")
 
 
+def untrained_like(drafter):
+    """A fresh drafter of `drafter`'s spec (seed 0), the same for every caller."""
+    from dflash.model.drafter import DFlashDrafter
+    with torch.random.fork_rng(devices=[]):  # the caller's RNG stream stays its own
+        torch.manual_seed(0)
+        return DFlashDrafter(drafter.spec)
+
+
 def build_baseline(name: str, drafter, target, ngram_data: str | None = None):
     """The proposer of baseline `name`, sized like `drafter`."""
     bs = drafter.spec.block_size
     if name == "untrained":
-        from dflash.model.drafter import DFlashDrafter
-        with torch.random.fork_rng(devices=[]):  # the caller's RNG stream stays its own
-            torch.manual_seed(0)
-            fresh = DFlashDrafter(drafter.spec)
-        fresh = fresh.to(target.lm_head_weight.device).eval()
+        fresh = untrained_like(drafter).to(target.lm_head_weight.device).eval()
         return DrafterProposer(fresh, target)
     if name == "lookup":
         return PromptLookupProposer(block_size=bs)

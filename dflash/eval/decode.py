@@ -209,6 +209,9 @@ class DrafterProposer:
                                torch.zeros_like(anchors), self.block_size,
                                self.drafter.spec.mask_token_id)
         h = self.drafter(ctx, valid, anchors, torch.ones_like(anchors, dtype=torch.bool), emb)
+        head = getattr(self.drafter, "draft_head", None)
+        if head is not None:  # an exported draft vocabulary: its rows only
+            return head.logits(h[:, 0, 1:])
         return (h[:, 0, 1:].to(self.target.lm_head_weight.dtype)
                 @ self.target.lm_head_weight.t()).float()
 

@@ -11,6 +11,7 @@ drafts plus one token of the target's own).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -80,6 +81,30 @@ def _ready(port: int, proc: subprocess.Popen, timeout: float) -> None:
     raise ConfigError(f"llama-server was not ready after {timeout:.0f} s")
 
 
+@contextlib.contextmanager
+def serving(tree: Path, target_gguf: Path, args: list, log_path: Path, threads: int | None = None,
+            slots: int = 1, timeout: float = 300):
+    """llama-server on loopback for `target_gguf` with `args` (a speculation mode); yields
+    its port, and ends it (terminate, then kill) however the block ends."""
+    port = _free_port()
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(
+            [str(tree / "build" / "bin" / "llama-server"), "-m", str(target_gguf), *map(str, args),
+             "--host", "127.0.0.1", "--port", str(port), "-t", str(threads or os.cpu_count()),
+             "-c", str(4096 * slots), "-np", str(slots), "--no-warmup"],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _ready(port, server, timeout)
+            yield port
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
 def _complete(port: int, ids: list, n: int) -> dict:
     body = {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1,
             "cache_prompt": False, "return_tokens": True}
@@ -88,8 +113,17 @@ def _complete(port: int, ids: list, n: int) -> dict:
     with urllib.request.urlopen(req, timeout=600) as r:
         out = json.loads(r.read())
     t = out.get("timings") or {}
+    # the engine's own decode timing (prompt processing excluded)
     return {"tokens": [int(x) for x in out.get("tokens", [])],
-            "drafted": int(t.get("draft_n", 0)), "accepted": int(t.get("draft_n_accepted", 0))}
+            "drafted": int(t.get("draft_n", 0)), "accepted": int(t.get("draft_n_accepted", 0)),
+            "predicted_n": int(t.get("predicted_n", 0)),
+            "predicted_ms": float(t.get("predicted_ms", 0.0))}
+
+
+def dflash_args(drafter_gguf: Path, block: int) -> list:
+    """llama-server's arguments for a DFlash drafter of block size `block`."""
+    return ["--spec-type", "draft-dflash", "--model-draft", drafter_gguf,
+            "--spec-draft-n-max", block - 1]
 
 
 def pooled(tokens: int, accepted: int) -> float:
@@ -105,31 +139,16 @@ def check(tree: Path, target: Path, drafter: Path, report: dict, out: Path,
     out.mkdir(parents=True, exist_ok=True)
     target_gguf = to_gguf(tree, target, out / "target.gguf")
     drafter_gguf = to_gguf(tree, drafter, out / "drafter.gguf", target=target)
-    port = _free_port()
-    with open(out / "server.log", "w") as log:
-        server = subprocess.Popen(
-            [str(tree / "build" / "bin" / "llama-server"), "-m", str(target_gguf),
-             "--spec-type", "draft-dflash", "--model-draft", str(drafter_gguf),
-             "--spec-draft-n-max", str(block - 1), "--host", "127.0.0.1", "--port", str(port),
-             "-t", str(threads or os.cpu_count()), "-c", "4096", "-np", "1", "--no-warmup"],
-            stdout=log, stderr=subprocess.STDOUT)
-        try:
-            _ready(port, server, timeout)
-            rows = []
-            last = report.get("per_prompt_last_step_accepted", [None] * len(report["tokens"]))
-            for ids, ours, steps, fin in zip(report["prompt_ids"], report["tokens"],
-                                             report["per_prompt_steps"], last):
-                got = _complete(port, [int(x) for x in ids], len(ours))
-                rows.append({**got, "n": len(got["tokens"]), "equal": got["tokens"] == list(ours),
-                             "dflash_tokens": len(ours), "dflash_accepted": len(ours) - int(steps),
-                             "dflash_last_step_accepted": fin})
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+    with serving(tree, target_gguf, dflash_args(drafter_gguf, block), out / "server.log",
+                 threads, timeout=timeout) as port:
+        rows = []
+        last = report.get("per_prompt_last_step_accepted", [None] * len(report["tokens"]))
+        for ids, ours, steps, fin in zip(report["prompt_ids"], report["tokens"],
+                                         report["per_prompt_steps"], last):
+            got = _complete(port, [int(x) for x in ids], len(ours))
+            rows.append({**got, "n": len(got["tokens"]), "equal": got["tokens"] == list(ours),
+                         "dflash_tokens": len(ours), "dflash_accepted": len(ours) - int(steps),
+                         "dflash_last_step_accepted": fin})
     same = [r for r in rows if r["equal"]]
 
     def engines(rs) -> dict:

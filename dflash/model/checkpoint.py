@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dflash.errors import ConfigError, DataError
+from dflash.model.draft_head import pop_draft_head
 from dflash.model.drafter import FULL, SLIDING, DFlashDrafter, DrafterSpec, check_layout
 
 
@@ -199,8 +200,10 @@ def load_drafter(path: str | Path, device="cpu") -> DFlashDrafter:
         state = load_file(str(weights), device=str(device))
     except Exception as exc:
         raise DataError(f"{weights} is corrupt: {exc}") from exc
+    head = pop_draft_head(cfg, state, str(path))  # a reduced draft head, where exported
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise DataError(f"{weights}: missing {sorted(missing)[:5]}, unexpected "
                         f"{sorted(unexpected)[:5]} parameter names")
+    drafter.draft_head = None if head is None else head.to(device)
     return drafter.to(device)

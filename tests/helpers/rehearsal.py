@@ -20,6 +20,7 @@ SUBJECTS = ["rivers", "prime numbers", "bread", "volcanoes", "chess", "tides", "
 SYSTEM = "You answer in one short sentence."
 NO_SYSTEM = {"gemma3"}  # its template raises on a system turn (checked: refused in one line)
 STEPS = 6
+DRAFT_VOCAB = 128  # the training softmax, and the draft head exported beside the drafter
 
 
 def prompts(name: str, n: int, start: int = 0) -> list:
@@ -72,6 +73,7 @@ def train_rank(rank: int, world: int, port: int, root: str, names: list, result:
                 f"data.path={d / 'data'}", "data.max_seq_len=512",
                 "topology=pairs", "topology.device=cpu", "topology.target_tp=2",
                 f"optim.max_steps={STEPS}", "eval.enabled=false", "logger.progress=false",
+                f"loss.draft_vocab={DRAFT_VOCAB}",
                 "warmup=none", "logger.log_every=1"])
             tr = Trainer(cfg, d / "train").build()
             s = tr.run()
@@ -109,11 +111,13 @@ def check_family(name: str, root: Path, trained: dict) -> dict:
     got = ev["tokens"][0]
     lossless = got == want[:len(got)] and len(got) >= min(len(want), 1)
     diff = same_blocks(load_drafter(drafter), reference_drafter(drafter))
+    head = load_drafter(d / "train" / "drafter_draft_vocab").draft_head
     t = trained[name]
     sys_turn = "kept" if name not in NO_SYSTEM else "refused by the template"
     return {**t, "family": name, "class": FAMILIES[name][0].replace("Config", ""),
             "template": FAMILIES[name][2].replace(".jinja", ""), "system": sys_turn,
-            "acceptance": ev["acceptance_length"], "lossless": lossless, "reader_diff": diff}
+            "acceptance": ev["acceptance_length"], "lossless": lossless, "reader_diff": diff,
+            "draft_head_rows": None if head is None else len(head.ids)}
 
 
 def table(rows: list) -> str:

@@ -9,7 +9,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from tests.helpers.paths import REPO
-from tests.helpers.rehearsal import (FAMILIES, NO_SYSTEM, check_family, prepare_family,
+from tests.helpers.rehearsal import (DRAFT_VOCAB, FAMILIES, NO_SYSTEM, check_family, prepare_family,
                                      prompts, table, train_rank)
 
 
@@ -31,6 +31,7 @@ def test_every_family_trains_decodes_and_exports_end_to_end(tmp_path):
         assert r["taps"] == [1, 2, 3, 4, 5], r  # 1..L-3 of 8 layers
         assert r["lossless"] and r["acceptance"] >= 1, r
         assert r["reader_diff"] < 1e-5, r
+        assert r["draft_head_rows"] == DRAFT_VOCAB, r  # drafter_draft_vocab/ beside drafter/
         rows.append(r)
     page = (REPO / "docs" / "tested-models.md").read_text()
     assert table(rows) in page, "docs/tested-models.md is stale: python benchmarks/tested_models.py"

@@ -1,0 +1,153 @@
+"""What a drafter buys in a serving engine: llama-server's greedy decoding speed with each
+speculation mode, against no speculation and against the engine's own free n-gram modes.
+
+    python -m dflash.eval.engine_speed --llama-cpp DIR --target HF_DIR --prompts FILE \
+        --drafter NAME=DIR [--drafter NAME=DIR ...] [--concurrency 1 4] [--max-new-tokens 64]
+
+Every mode decodes every prompt (token ids: a dflash eval report's `prompt_ids`, or a
+JSONL of {"prompt_ids": [...]}) greedily, one llama-server per mode and concurrency
+(`-np` slots); prompts go one at a time at concurrency 1, in groups of N at N. Each
+request's tokens/s is the engine's own (`timings.predicted_n / predicted_ms`: decode
+only, prompt processing excluded); a mode's figure is total tokens / total decode seconds
+over its prompts, its speedup over no speculation a paired 95% bootstrap interval over
+the prompts (ratio of sums, as `dflash.eval speed=true`). Acceptance: emitted tokens per
+target verify step. Greedy speculation is lossless: every mode's tokens are compared with
+no speculation's, prompt by prompt. The n-gram modes are llama.cpp's own
+(`--spec-type ngram-simple | ngram-mod | ngram-map-k | ngram-cache`); the best of them by
+tokens/s is named.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from dflash.errors import DataError, user_errors_exit
+from dflash.eval.llama_cpp import _complete, dflash_args, llama_cpp_tree, serving, to_gguf
+from dflash.eval.speed import ratio_interval
+
+NGRAM_MODES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache")
+
+
+def decode_all(port: int, prompts: list, n: int, concurrency: int) -> list:
+    """Every prompt decoded on the server at `port`, `concurrency` requests at a time."""
+    if concurrency <= 1:
+        return [_complete(port, p, n) for p in prompts]
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(lambda p: _complete(port, p, n), prompts))
+
+
+def summarize(rows: list, base: list | None) -> dict:
+    tok = [r["predicted_n"] for r in rows]
+    sec = [r["predicted_ms"] / 1000 for r in rows]
+    out = {"tokens_per_second": sum(tok) / max(sum(sec), 1e-9),
+           "acceptance_length": sum(tok) / max(sum(tok) - sum(r["accepted"] for r in rows), 1),
+           "drafted": sum(r["drafted"] for r in rows), "accepted": sum(r["accepted"] for r in rows),
+           "per_prompt_tokens_per_second": [a / max(b, 1e-9) for a, b in zip(tok, sec)]}
+    if base is not None:
+        out["speedup"] = ratio_interval(tok, sec, [r["predicted_n"] for r in base],
+                                        [r["predicted_ms"] / 1000 for r in base])
+        out["outputs_equal"] = sum(r["tokens"] == b["tokens"] for r, b in zip(rows, base))
+    return out
+
+
+def measure(tree: Path, target_gguf: Path, modes: dict, prompts: list, n: int,
+            concurrency: int, work: Path, threads: int | None = None) -> dict:
+    """{mode: summary} for `modes` ({name: llama-server args}); "none" first, the base."""
+    results, base = {}, None
+    for name, args in {"none": [], **modes}.items():
+        with serving(tree, target_gguf, args, work / f"server-{name}-c{concurrency}.log",
+                     threads, slots=concurrency) as port:
+            decode_all(port, prompts[:1], min(8, n), 1)  # first-call costs untimed
+            rows = decode_all(port, prompts, n, concurrency)
+        results[name] = summarize(rows, base)
+        base = base or rows
+    ngram = {k: v for k, v in results.items() if k in NGRAM_MODES}
+    best = max(ngram, key=lambda k: ngram[k]["tokens_per_second"]) if ngram else None
+    return {"concurrency": concurrency, "modes": results, "best_ngram": best}
+
+
+def load_prompts(path: Path, limit: int) -> list:
+    """Token-id prompts from a dflash eval report (JSON) or a JSONL of prompt_ids."""
+    text = path.read_text()
+    try:
+        rows = json.loads(text)["prompt_ids"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        rows = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                rec = json.loads(line)
+                if "prompt_ids" not in rec:
+                    raise DataError(f"{path}:{i}: no 'prompt_ids' (token ids of the prompt)")
+                rows.append(rec["prompt_ids"])
+    if not rows:
+        raise DataError(f"{path}: no prompts")
+    return [[int(t) for t in r] for r in rows[:limit if limit > 0 else None]]
+
+
+def format_table(r: dict) -> str:
+    lines = [f"{r['concurrency']} concurrent request(s):", "",
+             "| mode | tok/s | speedup (95% CI) | acceptance | outputs equal |",
+             "| --- | --- | --- | --- | --- |"]
+    for name, m in r["modes"].items():
+        sp = m.get("speedup")
+        cell = f"{sp['value']:.2f}x ({sp['lo']:.2f}-{sp['hi']:.2f})" if sp else "1"
+        eq = f"{m['outputs_equal']}/{len(m['per_prompt_tokens_per_second'])}" if sp else "-"
+        best = " (best n-gram)" if name == r["best_ngram"] else ""
+        lines.append(f"| {name}{best} | {m['tokens_per_second']:.1f} | {cell} | "
+                     f"{m['acceptance_length']:.2f} | {eq} |")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m dflash.eval.engine_speed",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-cpp", required=True, help="a built llama.cpp tree (make llama-cpp)")
+    ap.add_argument("--target", required=True, type=Path, help="the target's HF directory")
+    ap.add_argument("--prompts", required=True, type=Path)
+    ap.add_argument("--drafter", action="append", default=[], metavar="NAME=DIR",
+                    help="a dflash drafter export to serve as mode NAME (repeatable)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--limit", type=int, default=0, help="the first N prompts (0: all)")
+    ap.add_argument("--ngram", nargs="*", default=list(NGRAM_MODES))
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=Path("engine_speed.json"))
+    ap.add_argument("--work", type=Path, default=Path(".cache/dflash/engine_speed"))
+    return ap
+
+
+@user_errors_exit
+def main(argv=None) -> dict:
+    a = parser().parse_args(argv)
+    tree = llama_cpp_tree(a.llama_cpp, "--llama-cpp")
+    a.work.mkdir(parents=True, exist_ok=True)
+    prompts = load_prompts(a.prompts, a.limit)
+    target_gguf = to_gguf(tree, a.target, a.work / "target.gguf")
+    modes = {m: ["--spec-type", m] for m in a.ngram}
+    for spec in a.drafter:
+        name, _, d = spec.partition("=")
+        if not d:
+            raise DataError(f"--drafter {spec}: give NAME=DIR")
+        block = int(json.loads((Path(d) / "config.json").read_text())["dflash_config"]["block_size"])
+        modes[name] = dflash_args(to_gguf(tree, Path(d), a.work / f"{name}.gguf", target=a.target),
+                                  block)
+    report = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+              "threads": a.threads or os.cpu_count(), "prompts": len(prompts),
+              "max_new_tokens": a.max_new_tokens,
+              "runs": [measure(tree, target_gguf, modes, prompts, a.max_new_tokens, c, a.work,
+                               a.threads) for c in a.concurrency]}
+    a.out.write_text(json.dumps(report, indent=2))
+    print(f"{report['prompts']} prompts, {a.max_new_tokens} new tokens, greedy, "
+          f"{report['threads']} threads ({report['machine']})")
+    for r in report["runs"]:
+        print(format_table(r))
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

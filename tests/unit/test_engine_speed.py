@@ -1,0 +1,90 @@
+"""The engine speed client against a stand-in llama-server on loopback (answers as the real
+one does: tokens and its own decode timings, a server per mode): tokens/s from the
+engine's timings, speedups over no speculation as a ratio of sums with a paired interval,
+the best n-gram mode named, outputs compared, 1 and 4 concurrent requests."""
+import json
+import sys
+
+import pytest
+
+from dflash.errors import DataError
+from dflash.eval.engine_speed import load_prompts, main
+
+SERVER = r'''
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+mode = args[args.index("--spec-type") + 1] if "--spec-type" in args else "none"
+draft = args[args.index("--model-draft") + 1] if "--model-draft" in args else ""
+# ms a token per mode; the "wrong" drafter changes the output (a lossy engine)
+ms = {"none": 10.0, "ngram-simple": 8.0, "ngram-mod": 5.0, "draft-dflash": 4.0}[mode]
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def _send(self, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self): self._send({"status": "ok"})
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = req["n_predict"]
+        toks = [req["prompt"][0]] * n if "lossy" not in draft else [0] * n
+        acc = 0 if mode == "none" else n // 2
+        self._send({"tokens": toks, "timings": {"predicted_n": n, "predicted_ms": ms * n * (1 + req["prompt"][0] % 2),
+                    "draft_n": 2 * acc, "draft_n_accepted": acc}})
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+CONVERT = "import sys; a = sys.argv; open(a[a.index('--outfile') + 1], 'w').write(' '.join(a[1:]))"
+
+
+def _tree(tmp_path):
+    tree = tmp_path / "llama.cpp"
+    (tree / "build" / "bin").mkdir(parents=True)
+    (tree / "convert_hf_to_gguf.py").write_text(CONVERT)
+    server = tree / "build" / "bin" / "llama-server"
+    server.write_text(f"#!{sys.executable}\n{SERVER}")
+    server.chmod(0o755)
+    return tree
+
+
+def _drafter(tmp_path, name):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"dflash_config": {"block_size": 8}}))
+    return d
+
+
+def test_each_mode_timed_by_the_engine_against_no_speculation(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": [i, 5]}) + "\n" for i in range(1, 7)))
+    out = tmp_path / "speed.json"
+    r = main(["--llama-cpp", str(_tree(tmp_path)), "--target", str(tmp_path / "t"), "--prompts",
+              str(prompts), "--drafter", f"trained={_drafter(tmp_path, 'd')}", "--drafter",
+              f"lossy={_drafter(tmp_path, 'wrong')}", "--ngram", "ngram-simple", "ngram-mod",
+              "--max-new-tokens", "10", "--threads", "1", "--out", str(out),
+              "--work", str(tmp_path / "w")])
+    assert json.loads(out.read_text()) == r
+    assert [run["concurrency"] for run in r["runs"]] == [1, 4]
+    for run in r["runs"]:
+        m = run["modes"]
+        assert list(m) == ["none", "ngram-simple", "ngram-mod", "trained", "lossy"]
+        # 60 tokens in 10 ms a token, half the prompts at twice the time
+        assert m["none"]["tokens_per_second"] == pytest.approx(60 / 0.9)
+        assert m["trained"]["speedup"]["value"] == pytest.approx(10 / 4)
+        assert m["trained"]["speedup"]["lo"] <= 2.5 <= m["trained"]["speedup"]["hi"]
+        assert m["ngram-simple"]["speedup"]["value"] == pytest.approx(10 / 8)
+        assert run["best_ngram"] == "ngram-mod"
+        assert m["trained"]["outputs_equal"] == 6 and m["lossy"]["outputs_equal"] == 0
+        assert m["trained"]["acceptance_length"] == pytest.approx(60 / 30)
+        assert m["none"]["acceptance_length"] == 1
+
+
+def test_prompts_from_an_eval_report_or_named_where_they_are_missing(tmp_path):
+    rep = tmp_path / "eval.json"
+    rep.write_text(json.dumps({"prompt_ids": [[1, 2], [3]], "tokens": [[4], [5]]}))
+    assert load_prompts(rep, 0) == [[1, 2], [3]] and load_prompts(rep, 1) == [[1, 2]]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt_ids": [1]}) + "\n" + json.dumps({"text": "hi"}) + "\n")
+    with pytest.raises(DataError, match=r"bad.jsonl:2: no 'prompt_ids'"):
+        load_prompts(bad, 0)
