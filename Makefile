@@ -6,13 +6,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: train train-real real-deps llama-cpp train-real-llama test test-fast docs lint-imports bench gpu-check clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
 	# the public reference drafter (z-lab dflash 0.1.0, same import name as this project):
 	# a wheel on the side, never installed; tests load its model file to compare against
 	$(PY) -m pip download --quiet --no-deps dflash==0.1.0 -d $(VENV)/reference
+	# SpecForge 0.2.0's DFlash reader too (tests/unit/test_readers.py: which layouts it reads)
+	$(PY) -m pip download --quiet --no-deps specforge==0.2.0 -d $(VENV)/reference
 	touch $(STAMP)
 
 train: $(STAMP)

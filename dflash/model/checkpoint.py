@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -79,7 +80,22 @@ def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype | 
     cfg["torch_dtype"] = cfg["dtype"] = str(next(iter(state.values())).dtype).replace("torch.", "")
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    misread = misread_by(drafter.spec)
+    if misread:
+        logging.getLogger("dflash.export").warning("%s: %s", path, misread)
     return path
+
+
+def misread_by(spec: DrafterSpec) -> str | None:
+    """One line where a public reader is known to read this layout otherwise than it was
+    trained (docs/serving.md; tests/unit/test_readers.py), else None."""
+    what = [w for w, on in (("causal blocks", spec.causal),
+                            ("sliding-window layers", SLIDING in (spec.layer_types or []))) if on]
+    if not what:
+        return None
+    return (f"{' and '.join(what)}: SpecForge 0.2.0 reads every DFlash drafter bidirectionally "
+            "and, under sdpa/eager attention, without windows; serve it where is_causal and "
+            "layer_types are honoured (the z-lab reader; llama.cpp's runtime reads both)")
 
 
 def _rope_theta(cfg: dict, where: str) -> float:

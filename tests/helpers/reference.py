@@ -71,3 +71,43 @@ def same_blocks(ours, ref, seq: int = 30, anchors=(3, 11, 17, 29), seed: int = 1
                        target_hidden=ctx[:, :x])
             worst = max(worst, (got[:, j] - want).abs().max().item())
     return worst
+
+
+SPECFORGE = "specforge_dflash_reader"
+
+
+def specforge_model():
+    """SpecForge 0.2.0's DFlash draft model file (with the two files it imports beside it),
+    from its wheel in .venv/reference/ (make test downloads it, never installed)."""
+    if SPECFORGE in sys.modules:
+        return sys.modules[f"{SPECFORGE}.dflash"]
+    wheels = sorted((REPO / ".venv" / "reference").glob("specforge-0.2.0-*.whl"))
+    if not wheels:
+        pytest.fail("the SpecForge wheel is missing: `pip download --no-deps specforge==0.2.0 "
+                    "-d .venv/reference` (make test does it)", pytrace=False)
+    pkg = REPO / ".venv" / "reference" / SPECFORGE
+    if not (pkg / "dflash.py").exists():
+        pkg.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheels[0]) as z:
+            for name in ("dflash.py", "dflash_kernels.py", "registry.py"):
+                (pkg / name).write_bytes(z.read(f"specforge/modeling/draft/{name}"))
+        (pkg / "__init__.py").write_text("")
+    sys.path.insert(0, str(pkg.parent))
+    try:
+        return importlib.import_module(f"{SPECFORGE}.dflash")
+    finally:
+        sys.path.remove(str(pkg.parent))
+
+
+def specforge_drafter(path):
+    """SpecForge's DFlashDraftModel built from a dflash export's config, with its weights."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import Qwen3Config
+    model = specforge_model().DFlashDraftModel(
+        Qwen3Config(**json.loads((Path(path) / "config.json").read_text())))
+    missing, unexpected = model.load_state_dict(load_file(str(Path(path) / "model.safetensors")),
+                                                strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    return model.float().eval()
