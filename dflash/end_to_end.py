@@ -337,11 +337,15 @@ def walk_paths(cfg, st: Stages, work: Path, tgt: Path, drafter: Path, model: lis
 
 
 def serve_check(cfg, st: Stages, work: Path, target: Path, drafter: Path) -> None:
-    """The last stage, where llama.cpp is at hand: the drafter served there."""
+    """Where llama.cpp is at hand: the drafter served there, and its draft-vocabulary
+    export (drafter_draft_vocab/, trained with loss.draft_vocab) decoded by dflash and by
+    llama.cpp over the kept rows: tokens and acceptance compared prompt by prompt."""
     from dflash.eval.llama_cpp import check, llama_cpp_tree
     tree = llama_cpp_tree(cfg.llama_cpp)
+    head = drafter.parent / "drafter_draft_vocab"
     if tree is None:
-        (work / "llama_cpp.json").unlink(missing_ok=True)
+        for f in ("llama_cpp.json", "llama_cpp_draft_head.json"):
+            (work / f).unlink(missing_ok=True)
         print("[llama_cpp] no llama.cpp tree (llama_cpp=DIR or $LLAMA_CPP_DIR): not checked",
               flush=True)
         return
@@ -350,7 +354,17 @@ def serve_check(cfg, st: Stages, work: Path, target: Path, drafter: Path) -> Non
         result = check(tree, target, drafter, json.loads((work / "eval.json").read_text()),
                        work / "gguf")
         (work / "llama_cpp.json").write_text(json.dumps(result, indent=2))
-    st.run("llama_cpp", ["llama-server", str(tree), str(drafter)], serve)
+        if head.exists():
+            ev = [f"drafter={head}", "model=hf", f"model.target.path={target}",
+                  f"prompts={work / 'heldout.jsonl'}", "format=chat",
+                  f"max_new_tokens={int(cfg.eval_max_new_tokens)}",
+                  f"out={work / 'eval_draft_head.json'}", f"hydra.run.dir={work / 'eval_draft_head'}"]
+            app("dflash.eval", ev)
+            result = check(tree, target, head,
+                           json.loads((work / "eval_draft_head.json").read_text()),
+                           work / "gguf_draft_head")
+            (work / "llama_cpp_draft_head.json").write_text(json.dumps(result, indent=2))
+    st.run("llama_cpp", ["llama-server", str(tree), str(drafter), str(head.exists())], serve)
 
 
 def serve_speed(cfg, st: Stages, work: Path, target: Path, run_dir: Path) -> None:
@@ -404,6 +418,10 @@ def summarize(work: Path, run_dir: Path, seconds: dict) -> dict:
                         **{name: {"acceptance_length": b["acceptance_length"],
                                   "drafter_minus_this": b["drafter_minus_this"]}
                            for name, b in p["baselines"].items()}}
+    if (work / "llama_cpp_draft_head.json").exists():
+        out["llama_cpp_draft_head"] = {
+            k: v for k, v in json.loads((work / "llama_cpp_draft_head.json").read_text()).items()
+            if k != "per_prompt"}
     if (work / "speed.json").exists():
         out["speed"] = json.loads((work / "speed.json").read_text())
     if (work / "llama_cpp.json").exists():
@@ -433,6 +451,9 @@ def format_summary(s: dict) -> str:
     if "llama_cpp" in s:
         from dflash.eval.llama_cpp import format_check
         lines.append(format_check(s["llama_cpp"]))
+    if "llama_cpp_draft_head" in s:
+        from dflash.eval.llama_cpp import format_check
+        lines.append("draft head: " + format_check(s["llama_cpp_draft_head"]))
     if "speed" in s:
         from dflash.eval.engine_speed import format_table
         lines += ["llama-server speed, greedy, on the held-out prompts:",

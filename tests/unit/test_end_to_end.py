@@ -156,6 +156,15 @@ def test_the_summary_sets_the_walk_beside_the_decoded_eval(tmp_path):
     walk = lines.index(next(x for x in lines if x.startswith("paths (480 more held-out")))
     assert lines[walk + 1] == "  vs ngram     1.500: drafter +0.100 (95% CI +0.000 to +0.200)"
     assert json.loads((tmp_path / "summary.json").read_text())["paths"]["replies"] == 480
+    # with llama.cpp: the draft head's check and the engine's speed table join the summary
+    from dflash.eval.engine_speed import summarize as speed_of
+    rows = [{"tokens": [1, 2], "predicted_n": 2, "predicted_ms": 100.0, "drafted": 0, "accepted": 0}]
+    fast = [{**rows[0], "predicted_ms": 50.0, "drafted": 2, "accepted": 1}]
+    (tmp_path / "speed.json").write_text(json.dumps({"runs": [{
+        "concurrency": 1, "best_ngram": None,
+        "modes": {"none": speed_of(rows, None), "trained": speed_of(fast, rows)}}]}))
+    said = format_summary(summarize(tmp_path, run, {"train": 60.0}))
+    assert "| trained | 40.0 | 2.00x (2.00-2.00) | 2.00 | 1/1 |" in said
 
 
 def test_a_preempted_train_stage_leaves_the_recipe_resumable(tmp_path):
