@@ -13,7 +13,11 @@ from dflash.preflight.world import World
 from tests.helpers.model_fixtures import MODELS, write_model
 from tests.helpers.paths import REPO
 
-COMMANDS = documented_commands(REPO)
+ALL = documented_commands(REPO)
+# a command shown on several pages is checked once (in the same world it is the same
+# check; the session already holds what an earlier occurrence's guide wrote)
+COMMANDS = [c for i, c in enumerate(ALL)
+            if (c.text, c.world) not in {(d.text, d.world) for d in ALL[:i]}]
 DEFAULT_MODEL = "Qwen3-8B"  # the docs' /models/MyModel
 
 
@@ -46,11 +50,11 @@ def session():
 
 
 def test_the_docs_show_the_commands_a_user_needs():
-    texts = " ".join(c.text for c in COMMANDS)
+    texts = " ".join(c.text for c in ALL)
     for app in ("dflash.train", "dflash.regenerate", "dflash.eval", "dflash.data.prepare",
                 "dflash.plan", "dflash.buckets", "make train-real", "torchrun --nnodes"):
         assert app in texts, app
-    assert len(COMMANDS) >= 30
+    assert len(ALL) >= 30 and len(COMMANDS) < len(ALL)
 
 
 @pytest.mark.parametrize("doc", COMMANDS, ids=str)
