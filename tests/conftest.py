@@ -27,6 +27,7 @@ def _integration(item) -> bool:
 # (seconds each took on a 2-core AVX2 machine, 2026-12-07: 548 s of suite before)
 HEAVY = ("test_train_run.py",  # 130 s, fits the world
          "test_regenerate_app.py",  # 55 s, no world
+         "test_family_rehearsal.py",  # 50 s, no world
          "test_resume.py", "test_resume_ranks.py",  # 90 s, 85 s
          "test_documented_commands.py",  # 40 s, no world
          "test_loss_norm_ddp.py", "test_target_tp.py", "test_warmup_run.py",  # 66, 60, 55 s
