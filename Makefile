@@ -6,16 +6,20 @@ STAMP := $(VENV)/.installed
 
 .PHONY: train train-real real-deps llama-cpp train-real-llama test test-fast docs lint-imports bench gpu-check clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
 	# the public reference drafter (z-lab dflash 0.1.0, same import name as this project):
 	# a wheel on the side, never installed; tests load its model file to compare against
 	$(PY) -m pip download --quiet --no-deps dflash==0.1.0 -d $(VENV)/reference
-	# SpecForge 0.2.0's DFlash reader too (tests/unit/test_readers.py: which layouts it reads)
-	$(PY) -m pip download --quiet --no-deps specforge==0.2.0 -d $(VENV)/reference
 	touch $(STAMP)
+
+# SpecForge 0.2.0's DFlash reader beside it (tests/unit/test_readers.py: which layouts it
+# reads as trained), a wheel on the side too
+SPECFORGE := $(VENV)/reference/specforge-0.2.0-py3-none-any.whl
+$(SPECFORGE): | $(STAMP)
+	$(PY) -m pip download --quiet --no-deps specforge==0.2.0 -d $(VENV)/reference
 
 train: $(STAMP)
 	$(PY) -m dflash.train $(ARGS)
@@ -35,7 +39,7 @@ real-deps: $(REAL_STAMP)
 # llama-server built with cmake (~10 min on 2 cores); its converter runs in .venv
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CPP := .cache/llama.cpp
-$(LLAMA_CPP)/build/bin/llama-server: $(REAL_STAMP)
+$(LLAMA_CPP)/build/bin/llama-server: | $(REAL_STAMP)
 	$(PY) -m pip download --quiet --no-deps --no-binary :all: \
 		llama-cpp-python==$(LLAMA_CPP_VERSION) -d .cache/llama-cpp-sdist
 	rm -rf $(LLAMA_CPP) && mkdir -p $(LLAMA_CPP)
@@ -56,11 +60,11 @@ train-real: $(REAL_STAMP)
 
 # one worker a core (at most 4), each test file on one worker (its module fixtures, such
 # as a trained run, built once); ARGS="-n 0" runs in this process (for -s or pdb)
-test: $(STAMP)
+test: $(STAMP) $(SPECFORGE)
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile $(ARGS)
 
 # the pure unit tests (tests/unit, nothing marked slow): under a minute
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(SPECFORGE)
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest tests/unit -m "not slow" $(ARGS)
 
 DOCS_STAMP := $(VENV)/.docs-installed
