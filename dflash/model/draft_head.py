@@ -86,25 +86,28 @@ def pop_draft_head(cfg: dict, state: dict, where: str) -> DraftHead | None:
     return DraftHead(ids, weight, int(cfg["vocab_size"]))
 
 
+def parser():
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m dflash.model.draft_head",
+                                 description=main.__doc__.splitlines()[0])
+    for name in ("--drafter", "--data", "--target", "--out"):
+        ap.add_argument(name, required=True, type=Path)
+    ap.add_argument("--size", required=True, type=int)
+    return ap
+
+
 def main(argv=None) -> None:
     """`python -m dflash.model.draft_head --drafter DIR --data DATA --size N --target DIR
     --out DIR`: the draft-vocabulary export of a drafter trained before (or at another
     size): the N ids the data set supervises most (ties: lower id), the target's LM head
     rows for them."""
-    import argparse
-
     import numpy as np
 
     from dflash.data.format import TokenDataset
     from dflash.errors import user_errors_exit
     from dflash.model.draft_vocab import DraftVocab
 
-    ap = argparse.ArgumentParser(prog="python -m dflash.model.draft_head",
-                                 description=main.__doc__.splitlines()[0])
-    for name in ("--drafter", "--data", "--target", "--out"):
-        ap.add_argument(name, required=True, type=Path)
-    ap.add_argument("--size", required=True, type=int)
-    a = ap.parse_args(argv)
+    a = parser().parse_args(argv)
 
     @user_errors_exit
     def run():

@@ -72,6 +72,20 @@ def check_prepare(cmd: Command, world: World, session: Session, rep: Report) -> 
     rep.add("writes", f"{args.out}: samples up to {args.max_seq_len} tokens ({args.overlong})")
 
 
+def check_tool(cmd: Command, world: World, session: Session, rep: Report) -> None:
+    """A command-line tool: its arguments parse (what it reads is checked when it runs)."""
+    import importlib
+    mod = importlib.import_module(cmd.module)
+    ap = mod.parser() if hasattr(mod, "parser") else None
+    if ap is None:
+        return
+    try:
+        ap.parse_args(cmd.args)
+    except SystemExit:
+        raise ConfigError(f"{cmd.module}: cannot parse {' '.join(cmd.args)}") from None
+    rep.add("arguments", "parse")
+
+
 def check_buckets(cmd: Command, world: World, session: Session, rep: Report) -> None:
     cfg = compose(cmd)
     if cfg.get("out"):
@@ -82,4 +96,5 @@ def check_buckets(cmd: Command, world: World, session: Session, rep: Report) -> 
 # each app's checks (any other app: its config composes)
 CHECKS = {"dflash.train": check_train, "dflash.regenerate": check_regenerate,
           "dflash.eval": check_eval, "dflash.data.prepare": check_prepare,
-          "dflash.buckets": check_buckets}
+          "dflash.buckets": check_buckets, "dflash.eval.engine_speed": check_tool,
+          "dflash.model.draft_head": check_tool}

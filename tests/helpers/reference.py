@@ -16,6 +16,14 @@ from tests.helpers.paths import REPO
 NAME = "zlab_dflash_reference"
 
 
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write then rename: test workers extracting the same file at once never read a
+    half-written one."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def reference_model():
     """The reference's `dflash/model.py` as a module (DFlashDraftModel, dflash_generate)."""
     if NAME in sys.modules:
@@ -29,7 +37,7 @@ def reference_model():
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheels[0]) as z:
-            out.write_bytes(z.read("dflash/model.py"))
+            _write_atomic(out, z.read("dflash/model.py"))
     spec = importlib.util.spec_from_file_location(NAME, out)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[NAME] = mod
@@ -89,9 +97,9 @@ def specforge_model():
     if not (pkg / "dflash.py").exists():
         pkg.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheels[0]) as z:
-            for name in ("dflash.py", "dflash_kernels.py", "registry.py"):
-                (pkg / name).write_bytes(z.read(f"specforge/modeling/draft/{name}"))
-        (pkg / "__init__.py").write_text("")
+            _write_atomic(pkg / "__init__.py", b"")
+            for name in ("dflash_kernels.py", "registry.py", "dflash.py"):  # dflash.py last
+                _write_atomic(pkg / name, z.read(f"specforge/modeling/draft/{name}"))
     sys.path.insert(0, str(pkg.parent))
     try:
         return importlib.import_module(f"{SPECFORGE}.dflash")
