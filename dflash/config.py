@@ -145,6 +145,9 @@ class RegenerateConfig:
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0  # nucleus sampling (temperature > 0)
+    # drafter= with a confidence head (DSpark): a block stops at its first draft whose
+    # confidence is below this (llama.cpp's --spec-draft-p-min); 0: every draft
+    confidence_stop: float = 0.0
     max_new_tokens: int = 2048  # a reply's length cap (finish_reason length)
     max_seq_len: int = 8192  # prompt + max_new_tokens; longer prompts are skipped
     truncated: TruncatedPolicy = TruncatedPolicy.keep  # a reply that hit max_new_tokens
@@ -173,6 +176,9 @@ class EvalAppConfig:
     temperature: float = 0.0  # 0: greedy
     batch_size: int = 16  # prompts decoded together
     seed: int = 0  # sampling seed
+    # a drafter with a confidence head (DSpark): a block stops at its first draft whose
+    # confidence is below this (llama.cpp's --spec-draft-p-min); 0: every draft
+    confidence_stop: float = 0.0
     device: Device = Device.auto  # auto | cpu | cuda
     # topology.target_tp > 1 (under torchrun): the target sharded over that many ranks,
     # for a target larger than one GPU; otherwise one process on `device`

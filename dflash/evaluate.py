@@ -83,11 +83,13 @@ def decoded(cfg, target, drafter) -> dict:
     baselines = [build_baseline(str(b), drafter, target, cfg.ngram_data) for b in cfg.baselines]
     decode = dict(temperature=float(cfg.temperature), batch_size=int(cfg.batch_size),
                   seed=int(cfg.seed), eos_token_id=getattr(target.config, "eos_token_id", None))
-    res = evaluate(target, drafter, prompts, int(cfg.max_new_tokens), progress="eval", **decode)
+    res = evaluate(target, drafter, prompts, int(cfg.max_new_tokens), progress="eval",
+                   confidence_stop=float(cfg.confidence_stop), **decode)
     # the prompts and generated tokens themselves: losslessness can be checked from the
     # report (greedy: they are the target's own greedy continuation)
     report = {"prompts": str(cfg.prompts),
               "format": choice(cfg.format), "temperature": float(cfg.temperature),
+              "confidence_stop": float(cfg.confidence_stop),
               "max_new_tokens": int(cfg.max_new_tokens), **res.as_dict(),
               "prompt_ids": [list(map(int, p)) for p in prompts],
               "tokens": [list(map(int, t)) for t in res.tokens],

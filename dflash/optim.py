@@ -65,5 +65,5 @@ class OptimConfig:
     # > 0: the drafter's forward and backward take this many rows of a batch at a time
     # (gradients accumulate, one update: the same step, with activation memory for
     # this many rows; `python -m dflash.preflight` says what fits). loss.norm=plan with
-    # ce or kl. 0: whole batches
+    # ce, kl or dspark. 0: whole batches
     micro_rows: int = 0

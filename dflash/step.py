@@ -18,7 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dflash.model.loss import Objective, combined, drafter_loss, sample_anchors
+from dflash.model.dspark import num_drafts
+from dflash.model.dspark_loss import slot_weights
+from dflash.model.loss import (FINAL_HIDDEN_KINDS, Objective, block_targets, combined,
+                               drafter_loss, sample_anchors)
 from dflash.errors import ConfigError
 
 
@@ -150,7 +153,7 @@ class TrainStep:
     def context(self, b: DeviceBatch) -> torch.Tensor:
         # distillation reads the target's own distribution: its final hidden state rides
         # along as the context's last H channels
-        final = self.objective.kind == "kl"
+        final = self.objective.kind in FINAL_HIDDEN_KINDS
         if self.feature_cache is not None and b.batch is not None:  # (warm batches: no ids)
             return self.feature_cache.context(
                 lambda ids: self.target.context(ids, None, None, final=final), b.ids, b.batch)
@@ -166,13 +169,23 @@ class TrainStep:
 
     # ---- drafter stage -------------------------------------------------------------
     def _loss(self, module, b: DeviceBatch, ctx: torch.Tensor, generator, reduce_sum=None,
-              anchors=None):
+              anchors=None, step_weight=None):
         module.train()
         with autocast_for(self.device, self.policy.autocast):
             return drafter_loss(module, ctx, self.target.embed_tokens,
                                 self.target.lm_head_weight, b.ids, b.loss_mask, b.valid,
                                 self.objective, generator, anchors=anchors,
-                                position_ids=b.position_ids, reduce_sum=reduce_sum)
+                                position_ids=b.position_ids, reduce_sum=reduce_sum,
+                                step_weight=step_weight)
+
+    def _step_weight(self, b: DeviceBatch, anchors) -> tuple:
+        """(dspark's slot weights summed over the whole batch and every rank, ranks)."""
+        spec = self.drafter.spec
+        n = num_drafts(spec)
+        _, sup = block_targets(b.ids, b.loss_mask, b.valid, anchors[0], anchors[1], n + 1,
+                               b.position_ids)
+        total = slot_weights(n, self.objective.gamma, sup).sum()
+        return self.reduce_sum(total) if self.reduce_sum is not None else (total, 1)
 
     def warm_step(self, b: DeviceBatch, ctx: torch.Tensor) -> None:
         """Forward and backward of the real step without the update (the bare drafter:
@@ -199,10 +212,13 @@ class TrainStep:
             return out
         ob = self.objective
         if ob.norm != "plan" or ob.kind == "dpace":
-            raise ConfigError("optim.micro_rows needs loss.norm=plan with loss=ce or kl: the "
-                              "others divide by the whole batch's (or step's) weight")
+            raise ConfigError("optim.micro_rows needs loss.norm=plan with loss=ce, kl or dspark: "
+                              "the others divide by a weight of the whole batch's outputs")
         anchors = sample_anchors(b.loss_mask, b.valid, ob.num_anchors, self.generator,
                                  b.position_ids, ob.anchors_per_document)
+        # dspark divides by the whole step's weight, which the data alone decides: known
+        # before any slice runs
+        step_weight = self._step_weight(b, anchors) if ob.kind == "dspark" else None
         outs = []
         for i, sl in enumerate(parts):
             part = DeviceBatch(b.batch, b.ids[sl], b.loss_mask[sl], b.valid[sl], b.shape,
@@ -212,7 +228,7 @@ class TrainStep:
                     else nullcontext())  # DDP all-reduces the summed gradients once
             with sync:
                 out = self._loss(self.module, part, ctx[sl], None, None,
-                                 anchors=(anchors[0][sl], anchors[1][sl]))
+                                 anchors=(anchors[0][sl], anchors[1][sl]), step_weight=step_weight)
                 out.loss.backward()
             outs.append(out)
         return combined(outs)

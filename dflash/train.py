@@ -42,6 +42,10 @@ def format_summary(summary: dict) -> str:
     if summary.get("acceptance"):
         from dflash.eval.teacher_forced import format_gap
         rows.append(format_gap(summary["acceptance"]))
+    calibration = ((summary.get("eval") or {}).get("after") or {}).get("calibration")
+    if calibration:
+        from dflash.eval.calibration import format_calibration
+        rows.append(format_calibration(calibration))
     if summary.get("warmup"):
         from dflash.warmup.shapes import format_shape_report
         rows.append(format_shape_report(summary["warmup"]))

@@ -32,6 +32,7 @@ from dflash.batching.packed_rows import anchor_slots_per_row
 from dflash.batching.strategies import planner_for
 from dflash.errors import ConfigError
 from dflash.eval.decode import evaluate
+from dflash.eval.calibration import confidence_calibration
 from dflash.eval.teacher_forced import acceptance_gap, teacher_forced_acceptance
 from dflash.loggers import build_logger
 from dflash.metrics import Meter, NonFiniteGuard
@@ -41,6 +42,7 @@ from dflash.model.compile import checked_backend
 from dflash.model.draft_vocab import DraftVocab
 from dflash.model.feature_cache import FeatureCache
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
+from dflash.model.dspark import check_heads_objective, num_drafts
 from dflash.model.loss import Objective
 from dflash.model.masks import check_flex_block_size
 from dflash.optim import build_optimizer
@@ -187,12 +189,18 @@ class Trainer:
                        chunk=int(m.loss_chunk), chunk_mb=float(m.loss_chunk_mb),
                        impl=choice(m.loss_impl), kind=choice(loss.kind),
                        dpace_alpha=float(loss.dpace_alpha),
-                       kl_temperature=float(loss.kl_temperature), vocab=self.draft_vocab())
+                       kl_temperature=float(loss.kl_temperature),
+                       dspark_weights=tuple(float(x) for x in loss.dspark_weights),
+                       vocab=self.draft_vocab())
+        check_heads_objective(self.drafter.spec, ob.kind)
+        if self.drafter.markov_head is not None and ob.vocab is not None:
+            # W2's rows are the draft vocabulary's, in its id order
+            self.drafter.markov_head.ids = ob.vocab.ids.to(self.topo.drafter_device)
         if choice(loss.norm) != "plan":
             return ob
         # the constant every batch's weighted sum is divided by: the same on every rank
         weight = ob.expected_batch_weight(self.dataset.anchor_candidates(),
-                                          self.planner.epoch(0), self.drafter.spec.block_size)
+                                          self.planner.epoch(0), num_drafts(self.drafter.spec) + 1)
         return dataclasses.replace(ob, norm="plan", batch_weight=weight)
 
     def draft_vocab(self):
@@ -277,6 +285,9 @@ class Trainer:
     def build_drafter(self) -> DFlashDrafter:
         spec = DrafterSpec.from_target(self.target, self.cfg.model.drafter,
                                        self.sources.mask_token_id)
+        if spec.markov_rank and int(self.cfg.loss.draft_vocab) > 0:  # W2 over the kept ids
+            spec = dataclasses.replace(spec, draft_rows=min(int(self.cfg.loss.draft_vocab),
+                                                            spec.vocab_size))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(self.cfg.model.drafter.seed))
             drafter = DFlashDrafter(spec)  # fp32 master weights, whatever the target's dtype
@@ -330,12 +341,18 @@ class Trainer:
         r = evaluate(self.target, self.drafter, prompts, int(e.max_new_tokens),
                      temperature=float(e.temperature), batch_size=int(e.batch_size),
                      seed=int(e.seed), eos_token_id=getattr(self.target.config, "eos_token_id", None),
+                     confidence_stop=float(e.confidence_stop),
                      progress=label if self.cfg.logger.progress and self.topo.is_main else None)
         out = r.as_dict()
         if teacher_forced:
+            seqs = [list(map(int, p)) + t for p, t in zip(prompts, r.tokens)]
             out["teacher_forced"] = teacher_forced_acceptance(
-                self.target, self.drafter, [list(map(int, p)) + t for p, t in zip(prompts, r.tokens)],
-                [len(p) for p in prompts], batch_size=int(e.batch_size))
+                self.target, self.drafter, seqs, [len(p) for p in prompts],
+                batch_size=int(e.batch_size))
+            if self.drafter.confidence_head is not None:  # DSpark: is its confidence right?
+                out["calibration"] = confidence_calibration(
+                    self.target, self.drafter, seqs, [len(p) for p in prompts],
+                    batch_size=int(e.batch_size))
         return out
 
     def run(self) -> RunSummary:
@@ -534,6 +551,8 @@ class Trainer:
                 "layer_types": list(spec.layer_types) or ["full_attention"] * spec.num_layers,
                 "sliding_window": spec.sliding_window, "causal": spec.causal,
                 "block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
+                "markov_rank": spec.markov_rank, "confidence_head": spec.confidence_head,
+                "sample_from_anchor": spec.sample_from_anchor,
                 "anchor_slots": int(self.num_anchors), "loss": self.train_step.objective.kind,
                 "draft_vocab": None if vocab is None else {"size": len(vocab),
                                                            "coverage": vocab.coverage},

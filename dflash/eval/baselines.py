@@ -17,6 +17,7 @@ import torch
 
 from dflash.comparison.stats import pooled_acceptance
 from dflash.errors import ConfigError
+from dflash.model.dspark import num_drafts
 from dflash.eval.decode import DrafterProposer, NgramProposer, PromptLookupProposer
 
 BASELINES = ("untrained", "lookup", "ngram")
@@ -27,12 +28,15 @@ def untrained_like(drafter):
     from dflash.model.drafter import DFlashDrafter
     with torch.random.fork_rng(devices=[]):  # the caller's RNG stream stays its own
         torch.manual_seed(0)
-        return DFlashDrafter(drafter.spec)
+        fresh = DFlashDrafter(drafter.spec)
+    if fresh.markov_head is not None:  # W2's rows: the same draft vocabulary's ids
+        fresh.markov_head.ids = drafter.markov_head.ids
+    return fresh
 
 
 def build_baseline(name: str, drafter, target, ngram_data: str | None = None):
-    """The proposer of baseline `name`, sized like `drafter`."""
-    bs = drafter.spec.block_size
+    """The proposer of baseline `name`, sized like `drafter` (as many drafts a block)."""
+    bs = num_drafts(drafter.spec) + 1
     if name == "untrained":
         fresh = untrained_like(drafter).to(target.lm_head_weight.device).eval()
         return DrafterProposer(fresh, target)

@@ -19,4 +19,7 @@ class EvalConfig:
     temperature: float = 0.0  # 0: greedy; > 0: sampled (rejection rule)
     batch_size: int = 16  # prompts decoded together
     seed: int = 0  # sampling seed
+    # a drafter with a confidence head (DSpark): a block stops at its first draft whose
+    # confidence is below this (llama.cpp's --spec-draft-p-min); 0: every draft
+    confidence_stop: float = 0.0
     every_steps: int = 0  # > 0: also measure during training (eval_curve in summary.json)

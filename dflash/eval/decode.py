@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dflash.errors import ConfigError
+from dflash.model.dspark import first_slot, markov_chain, num_drafts
 from dflash.model.loss import block_embeddings
 
 
@@ -188,32 +190,63 @@ def sliding_masks(config, slot_pos, pos, valid, window: int, dtype):
 
 # ---- proposers -----------------------------------------------------------------------
 class DrafterProposer:
-    """The DFlash drafter: one forward drafts the whole block from the target context.
+    """The DFlash drafter: one forward drafts the whole block from the target context;
+    a DSpark drafter's Markov head then chains the slots (each biased by the token the
+    slot before chose, its argmax), and its confidence head may stop the block at the
+    first slot below `confidence_stop` (llama.cpp's `--spec-draft-p-min`).
     `zero_context=True` multiplies the context by zero (the ablation that shows how much
     the drafter relies on the target)."""
 
-    def __init__(self, drafter, target, zero_context: bool = False):
+    def __init__(self, drafter, target, zero_context: bool = False, confidence_stop: float = 0.0):
         self.drafter, self.target, self.zero = drafter, target, zero_context
-        self.block_size = drafter.spec.block_size
+        self.first = first_slot(drafter.spec)
+        self.block_size = num_drafts(drafter.spec) + 1  # the verify block: anchor + drafts
+        self.confidence_stop = float(confidence_stop)
+        if self.confidence_stop > 0 and drafter.confidence_head is None:
+            raise ConfigError(f"confidence_stop={confidence_stop}: this drafter has no confidence "
+                              "head (model.drafter.confidence_head); set it to 0")
 
     @torch.no_grad()
     def logits(self, session: TargetSession, current: torch.Tensor) -> torch.Tensor:
-        """[B, bs-1, V] draft logits for the block anchored at each row's current token."""
+        """[B, n, V] draft logits of the block anchored at each row's current token
+        (a DSpark drafter's: Markov-biased along its greedy chain)."""
+        return self._draft(session, current)[0]
+
+    def _draft(self, session, current):
         width = int(session.lengths.max())
         ctx = session.ctx[:, :width]
         if self.zero:
             ctx = ctx * 0
         valid = torch.arange(width, device=ctx.device)[None, :] < session.lengths[:, None]
         anchors = session.lengths[:, None]
+        spec = self.drafter.spec
         emb = block_embeddings(self.target.embed_tokens, current[:, None],
-                               torch.zeros_like(anchors), self.block_size,
-                               self.drafter.spec.mask_token_id)
+                               torch.zeros_like(anchors), spec.block_size, spec.mask_token_id)
         h = self.drafter(ctx, valid, anchors, torch.ones_like(anchors, dtype=torch.bool), emb)
+        h = h[:, 0, self.first:]
         head = getattr(self.drafter, "draft_head", None)
         if head is not None:  # an exported draft vocabulary: its rows only
-            return head.logits(h[:, 0, 1:])
-        return (h[:, 0, 1:].to(self.target.lm_head_weight.dtype)
-                @ self.target.lm_head_weight.t()).float()
+            dl = head.logits(h)
+        else:
+            dl = (h.to(self.target.lm_head_weight.dtype) @ self.target.lm_head_weight.t()).float()
+        mh, prev = self.drafter.markov_head, None
+        if mh is not None:
+            dl, prev = markov_chain(dl, current, mh, dl.shape[-1])
+        return dl, h, prev
+
+    @torch.no_grad()
+    def propose(self, session: TargetSession, current: torch.Tensor, temperature: float, gen):
+        """(drafts [B, n], their distributions q [B, n, V] or None when greedy, drafts each
+        row may keep [B] or None): the block anchored at each row's current token."""
+        dl, h, prev = self._draft(session, current)
+        mh, limit = self.drafter.markov_head, None
+        if self.confidence_stop > 0:
+            conf = torch.sigmoid(self.drafter.confidence_head(h, mh.markov_w1(prev)).float())
+            limit = torch.cumprod((conf >= self.confidence_stop).long(), dim=1).sum(1)
+        if temperature <= 0:
+            return dl.argmax(-1), None, limit
+        q = torch.softmax(dl / temperature, -1)
+        return _sample(q.flatten(0, 1), gen).view(q.shape[:2]), q, limit
 
 
 class NgramProposer:
@@ -325,17 +358,12 @@ def speculative_decode(target, proposer, prompts, max_new_tokens: int = 64,
         while alive:
             t_step = time.perf_counter()
             if hasattr(proposer, "drafts"):  # proposes token ids (n-gram, prompt lookup)
-                drafts, q = proposer.drafts(sess, current), None
+                drafts, q, limit = proposer.drafts(sess, current), None, None
             else:
-                dl = proposer.logits(sess, current)
-                if temperature <= 0:
-                    drafts, q = dl.argmax(-1), None
-                else:
-                    q = torch.softmax(dl / temperature, -1)
-                    drafts = _sample(q.flatten(0, 1), gen).view(q.shape[:2])
+                drafts, q, limit = proposer.propose(sess, current, temperature, gen)
             block = torch.cat([current[:, None], drafts], dim=1)
             logits, ctx = sess.verify(block)
-            n, nxt = _accept(logits, drafts, q, temperature, gen)
+            n, nxt = _accept(logits, drafts, q, temperature, gen, limit)
             sess.commit(block, ctx, n + 1)
             sess.compact()
             keep_rows = []
@@ -363,25 +391,30 @@ def speculative_decode(target, proposer, prompts, max_new_tokens: int = 64,
     return result
 
 
-def _accept(logits, drafts, q, temperature, gen):
+def _accept(logits, drafts, q, temperature, gen, limit=None):
     """(accepted drafts n [B], the token that follows them [B]).
 
-    logits[:, i] is the target's distribution after block token i (current, d1, ...)."""
+    logits[:, i] is the target's distribution after block token i (current, d1, ...).
+    `limit` [B]: the drafts each row proposes (a confidence stop; None: all): the
+    verify block still holds the rest, but they are never accepted, and a row whose
+    every proposed draft was accepted takes the target's own next token there."""
     b, k = drafts.shape
     ar = torch.arange(b, device=drafts.device)
+    proposed = (torch.ones_like(drafts, dtype=torch.long) if limit is None else
+                (torch.arange(k, device=drafts.device)[None, :] < limit[:, None]).long())
     if temperature <= 0:
         choice = logits.argmax(-1)
-        match = (choice[:, :k] == drafts).long()
+        match = (choice[:, :k] == drafts).long() * proposed
         n = torch.cumprod(match, dim=1).sum(1)
         return n, choice[ar, n]
     p = torch.softmax(logits / temperature, -1)
     pd = p[:, :k].gather(2, drafts[..., None]).squeeze(-1)
     qd = torch.ones_like(pd) if q is None else q.gather(2, drafts[..., None]).squeeze(-1)
     u = torch.rand(pd.shape, generator=gen, device=pd.device)
-    ok = (u <= (pd / qd.clamp_min(1e-20)).clamp(max=1.0)).long()
+    ok = (u <= (pd / qd.clamp_min(1e-20)).clamp(max=1.0)).long() * proposed
     n = torch.cumprod(ok, dim=1).sum(1)
-    residual = p[ar, n].clone()  # bonus distribution where every draft was accepted
-    rejected = n < k
+    residual = p[ar, n].clone()  # bonus distribution where every proposed draft was accepted
+    rejected = n < (k if limit is None else limit)
     if rejected.any():
         nr = n.clamp(max=k - 1)
         qn = (torch.nn.functional.one_hot(drafts[ar, nr], p.shape[-1]).float() if q is None
@@ -393,11 +426,12 @@ def _accept(logits, drafts, q, temperature, gen):
 
 
 def evaluate(target, drafter, prompts, max_new_tokens: int = 64, zero_context: bool = False,
-             **kw) -> EvalResult:
+             confidence_stop: float = 0.0, **kw) -> EvalResult:
     was_training = drafter.training
     drafter.eval()
     try:
-        return speculative_decode(target, DrafterProposer(drafter, target, zero_context),
+        proposer = DrafterProposer(drafter, target, zero_context, confidence_stop)
+        return speculative_decode(target, proposer,
                                   prompts, max_new_tokens, **kw)
     finally:
         drafter.train(was_training)

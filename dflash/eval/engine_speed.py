@@ -133,9 +133,9 @@ def main(argv=None) -> dict:
         name, _, d = spec.partition("=")
         if not d:
             raise DataError(f"--drafter {spec}: give NAME=DIR")
-        block = int(json.loads((Path(d) / "config.json").read_text())["dflash_config"]["block_size"])
+        config = json.loads((Path(d) / "config.json").read_text())
         modes[name] = dflash_args(to_gguf(tree, Path(d), a.work / f"{name}.gguf", target=a.target),
-                                  block)
+                                  config)
     report = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
               "threads": a.threads or os.cpu_count(), "prompts": len(prompts),
               "max_new_tokens": a.max_new_tokens,

@@ -120,10 +120,24 @@ def _complete(port: int, ids: list, n: int) -> dict:
             "predicted_ms": float(t.get("predicted_ms", 0.0))}
 
 
-def dflash_args(drafter_gguf: Path, block: int) -> list:
-    """llama-server's arguments for a DFlash drafter of block size `block`."""
-    return ["--spec-type", "draft-dflash", "--model-draft", drafter_gguf,
-            "--spec-draft-n-max", block - 1]
+def drafter_kind(config: dict) -> tuple[str, int]:
+    """(llama.cpp's speculation type, drafts a block) for an exported drafter's config:
+    a DSpark export (a Markov head, llama.cpp's auto-detection key) is draft-dspark, and
+    anchor-first it drafts every slot of the block."""
+    block = int(config["dflash_config"]["block_size"])
+    if "DSparkDraftModel" in config.get("architectures", []) and (
+            config.get("markov_rank") or config.get("markov_head_placeholder")):
+        return "draft-dspark", block if config.get("sample_from_anchor", True) else block - 1
+    return "draft-dflash", block - 1
+
+
+def dflash_args(drafter_gguf: Path, config: dict, confidence_stop: float = 0.0) -> list:
+    """llama-server's arguments for an exported drafter (its config.json, read), a
+    DSpark one's confidence stop included (`--spec-draft-p-min`)."""
+    kind, drafts = drafter_kind(config)
+    stop = ["--spec-draft-p-min", confidence_stop] if confidence_stop > 0 else []
+    return ["--spec-type", kind, "--model-draft", drafter_gguf, "--spec-draft-n-max", drafts,
+            *stop]
 
 
 def pooled(tokens: int, accepted: int) -> float:
@@ -134,13 +148,16 @@ def pooled(tokens: int, accepted: int) -> float:
 def check(tree: Path, target: Path, drafter: Path, report: dict, out: Path,
           threads: int | None = None, timeout: float = 300) -> dict:
     """Serve `drafter` for `target` in llama.cpp and decode `report`'s prompts (a dflash
-    eval report: prompt_ids, tokens, per_prompt, per_prompt_steps), greedy."""
-    block = int(json.loads((drafter / "config.json").read_text())["dflash_config"]["block_size"])
+    eval report: prompt_ids, tokens, per_prompt, per_prompt_steps, and the confidence
+    stop it decoded with), greedy."""
+    config = json.loads((drafter / "config.json").read_text())
+    block = int(config["dflash_config"]["block_size"])
+    kind, _ = drafter_kind(config)
     out.mkdir(parents=True, exist_ok=True)
     target_gguf = to_gguf(tree, target, out / "target.gguf")
     drafter_gguf = to_gguf(tree, drafter, out / "drafter.gguf", target=target)
-    with serving(tree, target_gguf, dflash_args(drafter_gguf, block), out / "server.log",
-                 threads, timeout=timeout) as port:
+    args = dflash_args(drafter_gguf, config, float(report.get("confidence_stop") or 0.0))
+    with serving(tree, target_gguf, args, out / "server.log", threads, timeout=timeout) as port:
         rows = []
         last = report.get("per_prompt_last_step_accepted", [None] * len(report["tokens"]))
         for ids, ours, steps, fin in zip(report["prompt_ids"], report["tokens"],
@@ -155,7 +172,8 @@ def check(tree: Path, target: Path, drafter: Path, report: dict, out: Path,
         return {"llama_cpp": pooled(sum(r["n"] for r in rs), sum(r["accepted"] for r in rs)),
                 "dflash": pooled(sum(r["dflash_tokens"] for r in rs),
                                  sum(r["dflash_accepted"] for r in rs))}
-    return {"prompts": len(rows), "equal_tokens": len(same), "block_size": block, **engines(rows),
+    return {"prompts": len(rows), "equal_tokens": len(same), "block_size": block,
+            "spec_type": kind, **engines(rows),
             "equal_prompts": {**engines(same), "same_accepted_per_prompt": all(
                 r["accepted"] == r["dflash_accepted"] for r in same),
                 # the engines may count the step that reaches the token cap or EOS
@@ -169,7 +187,7 @@ def check(tree: Path, target: Path, drafter: Path, report: dict, out: Path,
 
 def format_check(c: dict) -> str:
     e = c["equal_prompts"]
-    return (f"llama.cpp (draft-dflash, block {c['block_size']}): {c['equal_tokens']}/{c['prompts']} "
+    return (f"llama.cpp ({c.get('spec_type', 'draft-dflash')}, block {c['block_size']}): {c['equal_tokens']}/{c['prompts']} "
             f"held-out prompts decode dflash's tokens; acceptance llama.cpp {c['llama_cpp']:.3f}, "
             f"dflash {c['dflash']:.3f}" + (
                 f"; on the equal prompts {e['llama_cpp']:.3f} against {e['dflash']:.3f}, "

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from dflash.kernels import fused_lm_head_ce
+from dflash.model.dspark import first_slot, num_drafts
 from dflash.model.loss import block_embeddings, block_targets
 
 # a decode-path estimate this much above the decoded figure (relative) is a mismatch
@@ -38,9 +39,10 @@ def continuation_streaks(target, drafter, sequences, prompt_lengths, batch_size:
     decoding anchors at, the first training would: the prompt is unsupervised) to its
     second-to-last token, the run of leading correct drafts of the block at a."""
     out = []
-    for rows, firsts, hidden, targets, tsup in _blocks(target, drafter, sequences,
-                                                      prompt_lengths, batch_size):
-        streak = leading_correct(hidden, target.lm_head_weight, targets, tsup).cpu().numpy()
+    for rows, firsts, hidden, targets, tsup, prev in _blocks(target, drafter, sequences,
+                                                            prompt_lengths, batch_size):
+        streak = leading_correct(hidden, target.lm_head_weight, targets, tsup,
+                                 drafter.markov_head, prev).cpu().numpy()
         for i, (r, f) in enumerate(zip(rows, firsts)):
             out.append(streak[i, :max(0, len(r) - 1 - f)].astype(np.int64))
     return out
@@ -52,8 +54,8 @@ def path_steps(target, drafter, sequences, prompt_lengths, batch_size: int = 8) 
     anchors at (~1 in 1.6 where drafts are accepted ~1.6 at a time): the rows of a
     batch walk their paths in lockstep, one block each per round."""
     out = []
-    for rows, firsts, hidden, targets, tsup in _blocks(target, drafter, sequences,
-                                                      prompt_lengths, batch_size):
+    for rows, firsts, hidden, targets, tsup, prev in _blocks(target, drafter, sequences,
+                                                            prompt_lengths, batch_size):
         n = torch.tensor([len(r) - f for r, f in zip(rows, firsts)], device=hidden.device)
         at = torch.zeros_like(n)  # each row's anchor, as an index into its continuation
         steps = [[] for _ in rows]
@@ -63,7 +65,8 @@ def path_steps(target, drafter, sequences, prompt_lengths, batch_size: int = 8) 
             if len(live):
                 a = at[live]
                 streak = leading_correct(hidden[live, a][:, None], target.lm_head_weight,
-                                         targets[live, a][:, None], tsup[live, a][:, None])[:, 0]
+                                         targets[live, a][:, None], tsup[live, a][:, None],
+                                         drafter.markov_head, prev[live, a][:, None])[:, 0]
                 take[live] = torch.minimum(1 + streak, n[live] - a)
             for i in (at < n).nonzero(as_tuple=True)[0].tolist():
                 steps[i].append(int(take[i]))
@@ -74,10 +77,12 @@ def path_steps(target, drafter, sequences, prompt_lengths, batch_size: int = 8) 
 
 def _blocks(target, drafter, sequences, prompt_lengths, batch_size: int):
     """Per batch of sequences: (rows, first continuation indices, the drafter's hidden
-    states [B, A, bs-1, H] of the blocks anchored at every continuation token but the
-    last, their target tokens and supervision [B, A, bs-1])."""
+    states [B, A, n, H] at the drafting slots of the blocks anchored at every
+    continuation token but the last, their target tokens and supervision [B, A, n], and
+    the token before each target [B, A, n]: under greedy chaining a slot whose earlier
+    drafts were all right conditions on exactly these)."""
     dev = target.lm_head_weight.device
-    bs = drafter.spec.block_size
+    bs, first = drafter.spec.block_size, first_slot(drafter.spec)
     was_training = drafter.training
     drafter.eval()
     try:
@@ -100,18 +105,22 @@ def _blocks(target, drafter, sequences, prompt_lengths, batch_size: int):
                 ok[i, :k] = True
             ctx = target.context(ids, attention_mask=valid.long())
             emb = block_embeddings(target.embed_tokens, ids, anchors, bs, drafter.spec.mask_token_id)
-            hidden = drafter(ctx, valid, anchors, ok, emb)[:, :, 1:]
-            targets, tsup = block_targets(ids, sup, valid, anchors, ok, bs)
-            yield rows, firsts, hidden, targets, tsup
+            hidden = drafter(ctx, valid, anchors, ok, emb)[:, :, first:]
+            n = bs - first
+            targets, tsup = block_targets(ids, sup, valid, anchors, ok, n + 1)
+            pos = (anchors[:, :, None] + torch.arange(n, device=dev)).clamp(max=width - 1)
+            prev = torch.gather(ids, 1, pos.flatten(1)).view_as(pos)
+            yield rows, firsts, hidden, targets, tsup, prev
     finally:
         drafter.train(was_training)
 
 
-def leading_correct(hidden, head, targets, sup) -> torch.Tensor:
+def leading_correct(hidden, head, targets, sup, markov=None, prev=None) -> torch.Tensor:
     """[B, A] run of leading drafts equal to `targets` per block (hidden [B, A, n, H]).
     Position k is scored only for blocks whose drafts before it were all right: the
     full-vocabulary LM head, most of the cost, runs on ~1.6 positions a block instead
-    of n where drafts are accepted ~1.6 at a time."""
+    of n where drafts are accepted ~1.6 at a time. `markov` (a DSpark drafter's head)
+    biases each slot by its previous token `prev` [B, A, n]."""
     alive = sup[:, :, 0].clone()
     streak = torch.zeros(alive.shape, dtype=torch.long, device=hidden.device)
     for k in range(hidden.shape[2]):
@@ -119,9 +128,13 @@ def leading_correct(hidden, head, targets, sup) -> torch.Tensor:
         where = alive.nonzero(as_tuple=True)
         if not len(where[0]):
             break
-        _, _, pred = fused_lm_head_ce(hidden[where][:, k].to(head.dtype), head,
-                                      targets[where][:, k], torch.ones(len(where[0]),
-                                                                       device=hidden.device))
+        h = hidden[where][:, k].to(head.dtype)
+        if markov is None:
+            _, _, pred = fused_lm_head_ce(h, head, targets[where][:, k],
+                                          torch.ones(len(where[0]), device=hidden.device))
+        else:
+            bias = markov.full(markov(prev[where][:, k]), head.shape[0])
+            pred = ((h @ head.t()).float() + bias.float()).argmax(-1)
         hit = pred == targets[where][:, k]
         alive[where] = hit
         streak[where] += hit.long()
@@ -152,7 +165,7 @@ def teacher_forced_acceptance(target, drafter, sequences, prompt_lengths,
                               batch_size: int = 8) -> dict:
     """The estimate at every position of the continuations, and along the decode path."""
     streaks = continuation_streaks(target, drafter, sequences, prompt_lengths, batch_size)
-    bs = drafter.spec.block_size
+    bs = num_drafts(drafter.spec) + 1
     every = 1 + np.concatenate(streaks) if streaks else np.zeros(0, dtype=np.int64)
     path = np.asarray([s for row, seq, p in zip(streaks, sequences, prompt_lengths)
                        if len(seq) > int(p) for s in decode_path(row)], dtype=np.int64)

@@ -39,17 +39,19 @@ class LocalBackend:
                    pad_id=pad_id, compile_backend=compile_backend,
                    dynamic=choice(cfg.model.compile) == "dynamic",
                    pad_to_multiple=int(cfg.batching.pad_to_multiple),
-                   decoding=decoding or choice(cfg.decoding))
+                   decoding=decoding or choice(cfg.decoding),
+                   confidence_stop=float(cfg.get("confidence_stop", 0.0)))
 
     def __init__(self, target, stop_ids, temperature: float = 0.0, top_p: float = 1.0,
                  max_new_tokens: int = 512, seed: int = 0, drafter=None, pad_id: int = 0,
                  proposer=None, compile_backend: str | None = None, dynamic: bool = False,
-                 pad_to_multiple: int = 64, decoding: str = "auto"):
+                 pad_to_multiple: int = 64, decoding: str = "auto",
+                 confidence_stop: float = 0.0):
         self.target, self.stop = target, sorted(set(int(i) for i in stop_ids))
         # greedy proposer: given, else the drafter's, else by `decoding`; one object for
         # the whole run, so auto's measurements carry over from batch to batch
         if proposer is None and drafter is not None:
-            proposer = DrafterProposer(drafter, target)
+            proposer = DrafterProposer(drafter, target, confidence_stop=confidence_stop)
         elif proposer is None:
             proposer = {"plain": lambda: PromptLookupProposer(block_size=1),
                         "lookup": PromptLookupProposer,

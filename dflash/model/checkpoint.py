@@ -6,6 +6,14 @@
                            causal}; layer_types, sliding_window and is_causal explicit
     DIR/model.safetensors  fc.weight, hidden_norm.weight, norm.weight, layers.{i}.* (no
                            embeddings or LM head: those are the target's)
+
+`sample_from_anchor` (the block layout) is always written: engines default it by config
+style. A DSpark drafter (a Markov head) is `DSparkDraftModel` with `markov_head_type:
+vanilla`, `markov_rank`, `confidence_head` and the tensors `markov_head.markov_w1/w2.weight`
+(W2 over the whole vocabulary here, zero on ids a draft vocabulary left out) and
+`confidence_head.proj.weight/bias`. An anchor-first drafter without a Markov head is
+exported with a zero rank-1 one (`markov_head_placeholder`): llama.cpp detects DSpark by
+`markov_w1` and would otherwise read an anchor-first block one slot late.
 """
 from __future__ import annotations
 
@@ -67,15 +75,45 @@ def drafter_config_dict(spec: DrafterSpec) -> dict:
         "dflash_config": {"block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
                           "target_layer_ids": list(spec.target_layer_ids),
                           "causal": spec.causal},
+        "sample_from_anchor": spec.sample_from_anchor,
+        **dspark_keys(spec),
     }
+
+
+def dspark_keys(spec: DrafterSpec) -> dict:
+    """The DSpark config keys (none for a plain DFlash drafter in the z-lab layout)."""
+    if not spec.markov_rank and not spec.sample_from_anchor:
+        return {}
+    placeholder = not spec.markov_rank
+    return {"architectures": ["DSparkDraftModel"], "markov_head_type": "vanilla",
+            "markov_rank": spec.markov_rank or 1, "confidence_head": spec.confidence_head,
+            "markov_head_placeholder": placeholder}
+
+
+def dspark_state(drafter: DFlashDrafter) -> dict:
+    """The Markov head's tensors as exported: W2 over the whole vocabulary (a draft
+    vocabulary's rows scattered, zero elsewhere), or the zero placeholder head."""
+    spec, mh = drafter.spec, drafter.markov_head
+    if mh is None:
+        if not spec.sample_from_anchor:
+            return {}
+        dtype = drafter.fc.weight.dtype
+        return {"markov_head.markov_w1.weight": torch.zeros(spec.vocab_size, 1, dtype=dtype),
+                "markov_head.markov_w2.weight": torch.zeros(spec.vocab_size, 1, dtype=dtype)}
+    w2 = mh.markov_w2.weight.detach()
+    if mh.ids is not None:
+        full = w2.new_zeros(spec.vocab_size, w2.shape[1])
+        full[mh.ids.to(w2.device)] = w2
+        w2 = full
+    return {"markov_head.markov_w2.weight": w2}
 
 
 def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype | None = None) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = drafter_config_dict(drafter.spec)
-    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu()
-             for k, v in drafter.state_dict().items()}
+    state = {**drafter.state_dict(), **dspark_state(drafter)}
+    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in state.items()}
     # transformers < 5 reads torch_dtype, 5 reads dtype: both say what the file holds
     cfg["torch_dtype"] = cfg["dtype"] = str(next(iter(state.values())).dtype).replace("torch.", "")
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
@@ -148,6 +186,17 @@ def _check_unsupported(cfg: dict, where: str) -> None:
                         "norm, converters drop it); this drafter cannot be served as trained")
 
 
+def _dspark_spec(cfg: dict) -> dict:
+    """The heads and layout a config states. sample_from_anchor absent: false for a
+    DFlash config, true for a DSpark one (llama.cpp's converter default)."""
+    dspark = "DSparkDraftModel" in cfg.get("architectures", [])
+    rank = 0 if cfg.get("markov_head_placeholder") else int(cfg.get("markov_rank", 0) or 0)
+    n, vocab = cfg.get("draft_vocab_size"), int(cfg["vocab_size"])
+    return {"markov_rank": rank, "confidence_head": bool(cfg.get("confidence_head", False)),
+            "sample_from_anchor": bool(cfg.get("sample_from_anchor", dspark)),
+            "draft_rows": int(n) if rank and n is not None and int(n) < vocab else None}
+
+
 def spec_from_config(cfg: dict, where: str) -> DrafterSpec:
     _check_unsupported(cfg, where)
     try:
@@ -164,7 +213,8 @@ def spec_from_config(cfg: dict, where: str) -> DrafterSpec:
             mask_token_id=int(dc["mask_token_id"]), rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=_rope_theta(cfg, where),
             max_position_embeddings=cfg.get("max_position_embeddings", 40960),
-            attention_bias=bool(cfg.get("attention_bias", False)), **layout)
+            attention_bias=bool(cfg.get("attention_bias", False)), **layout,
+            **_dspark_spec(cfg))
     except KeyError as exc:
         raise DataError(f"{where}: missing key {exc} for a DFlash drafter") from exc
 
@@ -184,7 +234,10 @@ MUST_MATCH = {"hidden_size": "the target's hidden size",
               "intermediate_size": "the target's intermediate size",
               "layer_types": "model.drafter.layer_types",
               "sliding_window": "model.drafter.sliding_window",
-              "causal": "model.drafter.causal"}
+              "causal": "model.drafter.causal",
+              "markov_rank": "model.drafter.markov_rank",
+              "confidence_head": "model.drafter.confidence_head",
+              "sample_from_anchor": "model.drafter.sample_from_anchor"}
 
 
 def check_compatible(loaded: DrafterSpec, want: DrafterSpec, where: str) -> None:
@@ -208,7 +261,7 @@ def load_drafter(path: str | Path, device="cpu") -> DFlashDrafter:
         cfg = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as exc:
         raise DataError(f"{cfg_file} is corrupt: {exc}") from exc
-    if "DFlashDraftModel" not in cfg.get("architectures", []):
+    if not {"DFlashDraftModel", "DSparkDraftModel"} & set(cfg.get("architectures", [])):
         raise DataError(f"{cfg_file}: architectures {cfg.get('architectures')} is not a "
                         "DFlash drafter")
     drafter = DFlashDrafter(spec_from_config(cfg, str(cfg_file)))
@@ -217,9 +270,14 @@ def load_drafter(path: str | Path, device="cpu") -> DFlashDrafter:
     except Exception as exc:
         raise DataError(f"{weights} is corrupt: {exc}") from exc
     head = pop_draft_head(cfg, state, str(path))  # a reduced draft head, where exported
+    if cfg.get("markov_head_placeholder"):  # the zero head written for llama.cpp's sake
+        state.pop("markov_head.markov_w1.weight", None)
+        state.pop("markov_head.markov_w2.weight", None)
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise DataError(f"{weights}: missing {sorted(missing)[:5]}, unexpected "
                         f"{sorted(unexpected)[:5]} parameter names")
     drafter.draft_head = None if head is None else head.to(device)
+    if drafter.markov_head is not None and drafter.spec.draft_rows is not None:
+        drafter.markov_head.ids = head.ids  # W2's rows: the draft head's ids
     return drafter.to(device)

@@ -88,6 +88,13 @@ class DrafterConfig:
     layer_types: Optional[List[str]] = None
     sliding_window: Optional[int] = None  # W for sliding_attention layers
     causal: bool = False  # in-block attention k' <= k in every layer
+    # DSpark (dflash/model/dspark.py; train with loss=dspark): the Markov head's rank (0:
+    # plain DFlash; DeepSpec 256) and the confidence head (needs a rank > 0)
+    markov_rank: int = 0
+    confidence_head: bool = False
+    # the block layout: false - slot 0 is the anchor, slots 1..B-1 draft (B-1 drafts, the
+    # z-lab layout); true - anchor-first, slot k drafts anchor + k + 1 (B drafts, DeepSpec)
+    sample_from_anchor: bool = False
 
 
 @dataclass
@@ -117,7 +124,7 @@ class ModelConfig:
 
 @dataclass
 class LossConfig:
-    """The drafter's objective (`loss=ce|dpace`): a sweep over objectives is one override."""
+    """The drafter's objective (`loss=ce|dpace|kl|dspark`): a sweep over objectives is one override."""
     name: str = "ce"  # the loss group's name
     # ce: block position k weighs exp(-(k-1)/gamma); dpace: D-PACE's weights
     # w_j = sum_{m>=j} prod_{i<=m} ((1-a) q_i + a), q_i = exp(-CE_i) detached; kl:
@@ -139,3 +146,5 @@ class LossConfig:
     # targets outside it carry no loss and count as misses. Drafting still uses the whole
     # LM head. 0: the whole vocabulary. (dflash/model/draft_vocab.py)
     draft_vocab: int = 0
+    # dspark: the weights of CE / L1 to the target / confidence BCE (DeepSpec 0.1 / 0.9 / 1)
+    dspark_weights: List[float] = field(default_factory=lambda: [0.1, 0.9, 1.0])

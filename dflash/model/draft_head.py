@@ -13,7 +13,8 @@ first: llama.cpp's DFlash converter (`DFlashDraftModel`) maps no `d2t`, its DSpa
 converter does, and with no Markov tensors the GGUF is a plain DFlash drafter whose
 runtime (`--spec-type draft-dflash`) scores the N rows and scatters them to the target's
 ids (`-inf` elsewhere). `sample_from_anchor: false` says slot 0 is the anchor (only a
-DSpark runtime reads it). dflash drafts over it the same way (`DraftHead.logits`).
+DSpark runtime reads it; the drafter's own layout is kept). A DSpark drafter's W2 keeps
+the same rows. dflash drafts over it the same way (`DraftHead.logits`).
 """
 from __future__ import annotations
 
@@ -56,8 +57,11 @@ def save_draft_head(drafter_dir: Path, out: Path, ids, lm_head_weight: torch.Ten
     dtype = next(iter(state.values())).dtype
     state["lm_head.weight"] = lm_head_weight.detach()[ids].to(dtype).contiguous().cpu()
     state["d2t"] = ids - torch.arange(len(ids), dtype=torch.int64)
+    w2 = state.get("markov_head.markov_w2.weight")
+    if w2 is not None:  # a Markov head (or the placeholder): W2 keeps the same rows
+        state["markov_head.markov_w2.weight"] = w2[ids].contiguous()
     cfg.update(architectures=["DSparkDraftModel", "DFlashDraftModel"],
-               draft_vocab_size=len(ids), sample_from_anchor=False)
+               draft_vocab_size=len(ids), sample_from_anchor=bool(cfg.get("sample_from_anchor", False)))
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     for extra in Path(drafter_dir).iterdir():  # anything else the export carries

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash.errors import ConfigError
+from dflash.model.dspark import ConfidenceHead, MarkovHead, check_heads
 from dflash.model.masks import (ChunkedMask, block_mask, chunked_attention, chunked_block_mask,
                                 flex_block_mask)
 
@@ -44,9 +45,17 @@ class DrafterSpec:
     layer_types: list = field(default_factory=list)
     sliding_window: int | None = None
     causal: bool = False
+    # DSpark (dflash/model/dspark.py): the Markov head's rank (0: plain DFlash), the
+    # confidence head, W2's rows (None: the vocabulary; a draft vocabulary's size), and
+    # the layout: anchor-first (slot k drafts anchor + k + 1) or slot 0 the anchor
+    markov_rank: int = 0
+    confidence_head: bool = False
+    draft_rows: int | None = None
+    sample_from_anchor: bool = False
 
     def __post_init__(self):
         check_layout(self.num_layers, self.layer_types, self.sliding_window)
+        check_heads(self.markov_rank, self.confidence_head)
         # one spelling per layout: [] for all full, a window only where one is used
         if SLIDING not in (self.layer_types or []):
             self.layer_types, self.sliding_window = [], None
@@ -72,7 +81,10 @@ class DrafterSpec:
                                     or (getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 1e6)),
                    max_position_embeddings=getattr(tc, "max_position_embeddings", 40960),
                    layer_types=list(cfg.get("layer_types") or []),
-                   sliding_window=cfg.get("sliding_window"), causal=bool(cfg.get("causal", False)))
+                   sliding_window=cfg.get("sliding_window"), causal=bool(cfg.get("causal", False)),
+                   markov_rank=int(cfg.get("markov_rank", 0) or 0),
+                   confidence_head=bool(cfg.get("confidence_head", False)),
+                   sample_from_anchor=bool(cfg.get("sample_from_anchor", False)))
 
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -226,6 +238,11 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        # DSpark's heads, only where asked (rank 0 builds exactly DFlash's parameters)
+        r = spec.markov_rank
+        self.markov_head = (MarkovHead(spec.vocab_size, r, spec.draft_rows or spec.vocab_size)
+                            if r else None)
+        self.confidence_head = ConfidenceHead(spec.hidden_size, r) if spec.confidence_head else None
         # sdpa: one dense boolean mask; flex: BlockMask; chunked: SDPA per chunk of blocks
         # over the context they can see (eager only); auto: flex on CUDA, chunked on CPU,
         # sdpa on CPU under torch.compile (static shapes). A runtime choice, not a

@@ -28,6 +28,8 @@ import torch
 
 from dflash.kernels import fused_lm_head_ce, fused_lm_head_ce_rows, fused_lm_head_kl_rows
 from dflash.errors import ConfigError
+from dflash.model.dspark import first_slot
+from dflash.model.dspark_loss import dspark_loss
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Objective:
     kind: str = "ce"  # ce: fixed decay exp(-(k-1)/gamma) | dpace: D-PACE weights | kl
     dpace_alpha: float = 0.5  # D-PACE's a in (1 - a) q_i + a
     kl_temperature: float = 1.0  # kl: both distributions at this temperature (x T^2)
+    # dspark: the weights of its CE, L1 and confidence BCE terms (DeepSpec's 0.1 / 0.9 / 1)
+    dspark_weights: tuple = (0.1, 0.9, 1.0)
     # the softmax over these ids only (dflash.model.draft_vocab; kl: both distributions,
     # the target's renormalised over them); None: all
     vocab: object = None
@@ -73,7 +77,9 @@ class Objective:
 
 
 LOSS_NORMS = ("batch", "plan")
-LOSS_KINDS = ("ce", "dpace", "kl")
+LOSS_KINDS = ("ce", "dpace", "kl", "dspark")
+# the objectives that read the target's own distribution (its final hidden state)
+FINAL_HIDDEN_KINDS = ("kl", "dspark")
 
 
 @dataclass
@@ -186,14 +192,18 @@ def block_embeddings(embed, ids, anchors, block_size, mask_token_id):
 
 def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, valid,
                  objective: Objective, generator=None, anchors=None,
-                 position_ids=None, reduce_sum=None) -> LossOutput:
+                 position_ids=None, reduce_sum=None, step_weight=None) -> LossOutput:
     """`anchors` (a pair from `sample_anchors`) may be given to reuse a draw.
-    `reduce_sum(x)` -> (x summed over data-parallel ranks, rank count): D-PACE under
-    norm=plan divides by the weight of the whole step, not of this rank's batch."""
-    spec = getattr(drafter, "module", drafter).spec  # through a DDP wrapper too
-    bs, ob = spec.block_size, objective
+    `reduce_sum(x)` -> (x summed over data-parallel ranks, rank count): D-PACE and DSpark
+    under norm=plan divide by the weight of the whole step, not of this rank's batch;
+    `step_weight` (that pair, computed before: optim.micro_rows) gives it to DSpark."""
+    bare = getattr(drafter, "module", drafter)  # through a DDP wrapper too
+    bare = getattr(bare, "_orig_mod", bare)  # and torch.compile's
+    spec, ob = bare.spec, objective
+    bs, first = spec.block_size, first_slot(spec)
+    n = bs - first  # the drafting slots: first .. bs-1
     final = None
-    if ob.kind == "kl":  # the target's final hidden state rides as the last H channels
+    if ob.kind in FINAL_HIDDEN_KINDS:  # the target's final hidden state: the last H channels
         target_ctx, final = target_ctx[..., :-spec.hidden_size], target_ctx[..., -spec.hidden_size:]
     if anchors is None:
         anchors = sample_anchors(loss_mask, valid, ob.num_anchors, generator, position_ids,
@@ -201,11 +211,16 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     anchors, anchor_valid = anchors
     emb = block_embeddings(embed, ids, anchors, bs, spec.mask_token_id)
     hidden = drafter(target_ctx, valid, anchors, anchor_valid, emb,
-                     position_ids)[:, :, 1:]  # [B, A, bs-1, H]
-    targets, sup = block_targets(ids, loss_mask, valid, anchors, anchor_valid, bs, position_ids)
+                     position_ids)[:, :, first:]  # [B, A, n, H]
+    # slot first + k drafts the token at anchor + 1 + k
+    targets, sup = block_targets(ids, loss_mask, valid, anchors, anchor_valid, n + 1, position_ids)
     # Unsupervised rows stay in with weight 0: a fixed row count, no boolean indexing
     # (which would read the count back to the host every step).
     targets = torch.where(sup, targets, torch.zeros_like(targets))
+    if ob.kind == "dspark":
+        before = before_slots(final, ids, anchors, n)
+        return dspark_loss(ob, bare, hidden, before[0], lm_head_weight, before[1], targets,
+                           sup, anchor_valid, reduce_sum, _output, step_weight)
     if ob.kind == "kl":
         return _kl_loss(ob, hidden, final, lm_head_weight, anchors, targets, sup, anchor_valid)
     head, rows, reach = lm_head_weight, targets, sup
@@ -215,11 +230,23 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
         reach = sup & inside
     if ob.kind == "dpace":
         return _dpace_loss(ob, hidden, head, rows, targets, sup, reach, anchor_valid, reduce_sum)
-    w = position_weights(bs, ob.gamma).to(hidden.device) * reach
+    w = position_weights(n + 1, ob.gamma).to(hidden.device) * reach
     loss, _, argmax = fused_lm_head_ce(hidden.reshape(-1, hidden.shape[-1]), head,
                                        rows.flatten(), w.flatten(), chunk=ob.chunk, impl=ob.impl,
                                        chunk_mb=ob.chunk_mb)
     return _output(ob, loss, w, argmax, targets, sup, anchor_valid, hidden)
+
+
+def before_slots(final, ids, anchors, n: int):
+    """The target's final hidden state [B, A, n, H] and the token [B, A, n] one before
+    each drafting slot's (at anchor + k, k = 0..n-1; clamped at the row's end, where the
+    slot is unsupervised anyway)."""
+    b, a = anchors.shape
+    pos = (anchors[:, :, None] + torch.arange(n, device=anchors.device)).clamp(max=ids.shape[1] - 1)
+    prev = torch.gather(ids, 1, pos.reshape(b, a * n)).view(b, a, n)
+    h = final.shape[-1]
+    t_hidden = torch.gather(final, 1, pos.reshape(b, a * n, 1).expand(b, a * n, h)).view(b, a, n, h)
+    return t_hidden, prev
 
 
 def _output(ob, loss, w, argmax, targets, sup, anchor_valid, hidden) -> LossOutput:

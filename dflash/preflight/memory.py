@@ -142,7 +142,7 @@ def build_step(hf_config, cfg, rows: int, seq_len: int, anchors: int, mask_token
     drafter keeps the whole target's widths on every rank)."""
     from transformers import AutoModelForCausalLM
     from dflash.model.drafter import DFlashDrafter, DrafterSpec
-    from dflash.model.loss import Objective
+    from dflash.model.loss import FINAL_HIDDEN_KINDS, Objective
     from dflash.model.target import Target
     from dflash.optim import build_optimizer
     from dflash.options import choice
@@ -163,12 +163,14 @@ def build_step(hf_config, cfg, rows: int, seq_len: int, anchors: int, mask_token
     else:
         lm.set_attn_implementation("sdpa")
     target = Target(lm, list(m.target.layer_ids) if m.target.layer_ids else None)
-    if first_layers and choice(loss.kind) != "kl":
+    if first_layers and choice(loss.kind) not in FINAL_HIDDEN_KINDS:
         # the forward keeps only the tapped outputs and each layer's transient is the
         # same: tapping the first n layers gives the same peak as the real taps, for
         # the ops of n layers instead of up to 34 (every layer's weights stay counted)
         target.layer_ids = list(range(len(target.layer_ids)))
     spec = DrafterSpec.from_target(target, m.drafter, mask_token_id)
+    if spec.markov_rank and int(loss.get("draft_vocab", 0)) > 0:  # W2 over the kept ids
+        spec = dataclasses.replace(spec, draft_rows=min(int(loss.draft_vocab), spec.vocab_size))
     if drafter_config is not None:
         full = drafter_config.get_text_config() if hasattr(drafter_config, "get_text_config") \
             else drafter_config
@@ -184,6 +186,7 @@ def build_step(hf_config, cfg, rows: int, seq_len: int, anchors: int, mask_token
     objective = Objective(num_anchors=anchors, gamma=float(loss.gamma), chunk=int(m.loss_chunk),
                           chunk_mb=float(m.loss_chunk_mb), impl="torch", kind=choice(loss.kind),
                           dpace_alpha=float(loss.dpace_alpha), norm=choice(loss.norm),
+                          dspark_weights=tuple(float(x) for x in loss.get("dspark_weights", (0.1, 0.9, 1.0))),
                           batch_weight=1.0)
     policy = StepPolicy(grad_clip=float(cfg.optim.grad_clip), autocast=choice(m.autocast),
                         micro_rows=int(cfg.optim.get("micro_rows", 0)))

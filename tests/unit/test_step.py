@@ -21,9 +21,12 @@ def _batch(s=48):
     return ids, mask & valid, valid
 
 
-def _drafter(target):
+def _drafter(target, **kw):
     torch.manual_seed(0)
-    return DFlashDrafter(DrafterSpec.from_target(target, OmegaConf.structured(DrafterConfig())))
+    d = DFlashDrafter(DrafterSpec.from_target(target, OmegaConf.structured(DrafterConfig(**kw))))
+    if d.markov_head is not None:  # W2 starts at zero: a bias to test
+        torch.nn.init.normal_(d.markov_head.markov_w2.weight, std=0.5)
+    return d
 
 
 def test_bf16_target_with_fp32_drafter_matches_fp32():
@@ -127,7 +130,7 @@ def test_the_emulated_bf16_warning_names_what_to_set_for_the_keys_given(monkeypa
     assert step_mod.emulated_bf16_warning(["model.autocast"], cpu) is None
 
 
-@pytest.mark.parametrize("kind", ["ce", "kl"])
+@pytest.mark.parametrize("kind", ["ce", "kl", "dspark"])
 def test_micro_rows_take_the_same_step_as_the_whole_batch(kind):
     """optim.micro_rows: the rows in slices, gradients accumulated, one update: the same
     anchors, loss, logged figures and weights as the whole batch at once."""
@@ -141,7 +144,8 @@ def test_micro_rows_take_the_same_step_as_the_whole_batch(kind):
     mask &= valid
     runs = []
     for micro in (0, 2):
-        drafter = _drafter(target)
+        drafter = _drafter(target, **(dict(markov_rank=8, confidence_head=True)
+                                       if kind == "dspark" else {}))
         # SGD: the update is the gradient itself (AdamW's first steps take its sign, which
         # a last-bit difference flips where a gradient is ~0)
         opt = torch.optim.SGD(drafter.parameters(), lr=0.5)
@@ -150,7 +154,7 @@ def test_micro_rows_take_the_same_step_as_the_whole_batch(kind):
         step = TrainStep(target, drafter, opt, sched, ob, StepPolicy(micro_rows=micro),
                          generator=torch.Generator().manual_seed(7))
         b = DeviceBatch(None, ids, mask, valid)
-        ctx = target.context(ids, valid.long(), final=kind == "kl")
+        ctx = target.context(ids, valid.long(), final=kind in ("kl", "dspark"))
         out = [step.drafter_step(b, ctx) for _ in range(2)]
         runs.append((out, {k: v.detach().clone() for k, v in drafter.state_dict().items()}))
     (whole, w_whole), (micro, w_micro) = runs
