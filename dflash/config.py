@@ -189,7 +189,8 @@ class EvalAppConfig:
     speed: bool = False
     out: Optional[str] = None  # JSON report
     # scored on the same prompts, each against the drafter with a paired interval:
-    # untrained (a fresh drafter of the same shape) | lookup (prompt lookup) | ngram
+    # untrained (a fresh drafter of the same shape) | lookup (prompt lookup) | ngram |
+    # drafter:DIR (another drafter checkpoint tapping the same layers: an A/B)
     baselines: List[str] = field(default_factory=list)
     ngram_data: Optional[str] = None  # baselines=[ngram]: the data set it counts (training set)
     # a data set of held-out prompts + the target's greedy replies (regenerate, prepare):

@@ -50,7 +50,22 @@ def build_baseline(name: str, drafter, target, ngram_data: str | None = None):
         ds = TokenDataset.open(ngram_data)
         rows = [ds.sample(i) for i in range(len(ds))]
         return NgramProposer([t for t, _ in rows], [m for _, m in rows], block_size=bs)
-    raise ConfigError(f"baselines: unknown baseline {name!r} (one of {', '.join(BASELINES)})")
+    if name.startswith("drafter:"):  # another trained drafter: an A/B on the same prompts
+        return DrafterProposer(other_drafter(name[len("drafter:"):], drafter, target), target)
+    raise ConfigError(f"baselines: unknown baseline {name!r} (one of {', '.join(BASELINES)}, "
+                      "drafter:DIR)")
+
+
+def other_drafter(path: str, drafter, target):
+    """A second drafter checkpoint (`baselines=[drafter:DIR]`), refused in one line where
+    it reads other target layers than the drafter under test (they share one context)."""
+    from dflash.model.checkpoint import load_drafter
+    other = load_drafter(path, target.lm_head_weight.device).eval()
+    if list(other.spec.target_layer_ids) != list(drafter.spec.target_layer_ids):
+        raise ConfigError(f"baselines=[drafter:{path}]: it taps target layers "
+                          f"{list(other.spec.target_layer_ids)}, the drafter under test "
+                          f"{list(drafter.spec.target_layer_ids)}: an A/B shares one target context")
+    return other
 
 
 def paired_difference(a: dict, b: dict, draws: int = 2000, seed: int = 0) -> dict:

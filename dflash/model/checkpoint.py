@@ -273,7 +273,11 @@ def load_drafter(path: str | Path, device="cpu") -> DFlashDrafter:
     if cfg.get("markov_head_placeholder"):  # the zero head written for llama.cpp's sake
         state.pop("markov_head.markov_w1.weight", None)
         state.pop("markov_head.markov_w2.weight", None)
-    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = drafter.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a tensor of another shape than the config states
+        first = str(exc).splitlines()[1].strip() if "\n" in str(exc) else str(exc)
+        raise DataError(f"{weights} does not match its config.json: {first}") from None
     if missing or unexpected:
         raise DataError(f"{weights}: missing {sorted(missing)[:5]}, unexpected "
                         f"{sorted(unexpected)[:5]} parameter names")

@@ -209,3 +209,22 @@ def test_dspark_decoding_is_lossless_and_the_confidence_stop_caps_drafts(target,
     assert len(res.histogram) == d.spec.block_size + bool(kw.get("sample_from_anchor"))
     if stop > 1:  # nothing is ever confident enough: one token a step, the target's
         assert all(a == 1 for row in res.accept_lengths for a in row)
+
+
+def test_another_drafter_is_a_baseline_of_the_same_prompts(tmp_path, target):
+    from dflash.eval.baselines import build_baseline
+    dspark, plain = _drafter(target, markov_rank=8), _drafter(target, seed=1)
+    save_drafter(plain, tmp_path / "plain")
+    p = build_baseline(f"drafter:{tmp_path / 'plain'}", dspark, target)
+    assert isinstance(p, DrafterProposer) and p.drafter.markov_head is None
+    import dataclasses
+    other = DFlashDrafter(dataclasses.replace(plain.spec, target_layer_ids=[0, 1, 2]))
+    save_drafter(other, tmp_path / "other")
+    with pytest.raises(ConfigError, match="an A/B shares one target context"):
+        build_baseline(f"drafter:{tmp_path / 'other'}", dspark, target)
+    # a config that disagrees with its tensors: one line, not load_state_dict's traceback
+    cfg = json.loads((tmp_path / "plain" / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [1, 2]
+    (tmp_path / "plain" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DataError, match="does not match its config.json: size mismatch for fc"):
+        load_drafter(tmp_path / "plain")
