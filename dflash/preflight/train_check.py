@@ -33,8 +33,12 @@ def check_train(cmd: Command, world: World, session: Session, rep: Report) -> No
     if place.gpu and choice(cfg.model.attention) in ("auto", "flex"):
         from dflash.model.masks import check_flex_block_size
         check_flex_block_size(int(d.block_size))
+    _heads(d, cfg.loss)
+    heads = (f", DSpark heads (Markov rank {d.markov_rank}"
+             f"{', confidence' if d.confidence_head else ''})" if d.markov_rank else "")
+    layout = ", anchor-first blocks" if d.sample_from_anchor else ""
     rep.add("drafter", f"{d.num_layers} layers x {text.hidden_size}, block {d.block_size}, "
-            f"{d.num_anchors} anchors a row, mask id {mask}")
+            f"{d.num_anchors} anchors a row, mask id {mask}{heads}{layout}")
     lengths = _train_lengths(cfg, session, rep, vocab, mask)
     shapes = _shapes(cfg, lengths, place, rep)
     run_dir = _run_dir(cmd)
@@ -45,6 +49,17 @@ def check_train(cmd: Command, world: World, session: Session, rep: Report) -> No
         _memory(cfg, hc, shapes, place, world, session, rep, mask)
     else:
         rep.unchecked.append("memory: a CPU world (the estimate is for GPU devices)")
+
+
+def _heads(d, loss) -> None:
+    """DSpark's heads as the real start checks them (the drafter's build, the objective)."""
+    from types import SimpleNamespace
+
+    from dflash.model.dspark import check_heads, check_heads_objective
+    check_heads(int(d.markov_rank), bool(d.confidence_head))
+    check_heads_objective(SimpleNamespace(markov_rank=int(d.markov_rank),
+                                          confidence_head=bool(d.confidence_head)),
+                          choice(loss.kind))
 
 
 def _train_lengths(cfg, session: Session, rep: Report, vocab: int, mask: int):

@@ -68,6 +68,9 @@ def test_taps_and_mask_token_come_from_the_targets_own_files(models, name, taps,
      "model.drafter.mask_token_id=151644 data.path=d", "1x1x80", "a token the chat template renders"),
     ("python -m dflash.train experiment=production topology=single_gpu "
      "model.drafter.mask_token_id=200000 data.path=d", "1x1x80", "outside the target's embedding"),
+    # DSpark's heads without their objective
+    ("python -m dflash.train experiment=production topology=single_gpu drafter_head=dspark "
+     "data.path=d", "1x1x80", "trains with loss=dspark"),
     # a real target on the CPU of a GPU machine
     ("python -m dflash.train data=tokenized data.path=d model=hf", "1x8x80",
      "on CPU although the world has GPUs"),

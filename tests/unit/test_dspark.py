@@ -228,3 +228,19 @@ def test_another_drafter_is_a_baseline_of_the_same_prompts(tmp_path, target):
     (tmp_path / "plain" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(DataError, match="does not match its config.json: size mismatch for fc"):
         load_drafter(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("kw,kind,drafts", [({}, "draft-dflash", 15),
+                                             (dict(markov_rank=8), "draft-dspark", 15),
+                                             (dict(markov_rank=8, sample_from_anchor=True),
+                                              "draft-dspark", 16),
+                                             (dict(sample_from_anchor=True), "draft-dspark", 16)])
+def test_llama_server_is_asked_for_the_mode_and_draft_count_the_export_states(target, kw, kind, drafts):
+    from dflash.eval.llama_cpp import dflash_args
+    from dflash.model.checkpoint import drafter_config_dict
+    cfg = drafter_config_dict(_drafter(target, **kw).spec)
+    args = dflash_args("d.gguf", cfg, confidence_stop=0.6)
+    assert args[args.index("--spec-type") + 1] == kind
+    assert args[args.index("--spec-draft-n-max") + 1] == drafts
+    assert args[args.index("--spec-draft-p-min") + 1] == 0.6
+    assert "--spec-draft-p-min" not in dflash_args("d.gguf", cfg)
