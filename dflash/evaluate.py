@@ -98,6 +98,11 @@ def decoded(cfg, target, drafter) -> dict:
               # llama.cpp check reads it)
               "per_prompt_last_step_accepted": [r[-1] - 1 if r else 0 for r in res.accept_lengths]}
     report["interval"] = bootstrap_acceptance(res.per_prompt, report["per_prompt_steps"])
+    if drafter.confidence_head is not None:  # DSpark: its confidence against what happened
+        from dflash.eval.calibration import confidence_calibration
+        report["calibration"] = confidence_calibration(
+            target, drafter, [list(map(int, p)) + list(map(int, t)) for p, t in zip(prompts, res.tokens)],
+            [len(p) for p in prompts], batch_size=int(cfg.batch_size))
     report["baselines"] = {}
     for name, proposer in zip(cfg.baselines, baselines):
         b = speculative_decode(target, proposer, prompts, int(cfg.max_new_tokens),
@@ -159,6 +164,9 @@ def format_eval(report: dict) -> str:
             if c:
                 lines.append(f"  {k:>2}  {c:>6}  {'#' * max(1, round(40 * c / total))}")
         lines += comparison_table(report)
+    if report.get("calibration"):
+        from dflash.eval.calibration import format_calibration
+        lines.append(format_calibration(report["calibration"]))
     if "paths" in report:
         p = report["paths"]
         lines += [f"along {p['replies']} held-out greedy replies ({p['verify_steps']} verify "

@@ -244,3 +244,26 @@ def test_llama_server_is_asked_for_the_mode_and_draft_count_the_export_states(ta
     assert args[args.index("--spec-draft-n-max") + 1] == drafts
     assert args[args.index("--spec-draft-p-min") + 1] == 0.6
     assert "--spec-draft-p-min" not in dflash_args("d.gguf", cfg)
+
+
+def test_calibration_counts_the_trials_the_streaks_imply(target):
+    import numpy as np
+    from dflash.eval.calibration import confidence_calibration, format_calibration
+    from dflash.eval.teacher_forced import continuation_streaks
+    d = _drafter(target, markov_rank=8, confidence_head=True).eval()
+    g = torch.Generator().manual_seed(6)
+    seqs = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (20, 26)]
+    firsts = [5, 9]
+    cal = confidence_calibration(target, d, seqs, firsts)
+    streaks = np.concatenate(continuation_streaks(target, d, seqs, firsts))
+    per = cal["per_slot"]
+    assert len(per) == d.spec.block_size - 1 and cal["trials"] == sum(r["trials"] for r in per)
+    for k, r in enumerate(per):  # a trial at slot k+1: every earlier draft right
+        # slot 1: every block; later slots: the blocks right so far, less those whose
+        # slot runs past the continuation's end
+        assert (r["trials"] == len(streaks)) if k == 0 else (r["trials"] <= int((streaks >= k).sum()))
+        if r["trials"]:
+            assert r["observed"] == pytest.approx(float((streaks >= k + 1).sum()) / r["trials"])
+            assert 0 <= r["predicted"] <= 1
+    assert "calibration over" in format_calibration(cal)
+    assert confidence_calibration(target, _drafter(target), seqs, firsts) == {}
