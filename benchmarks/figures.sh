@@ -21,7 +21,7 @@ QUICK=(default_run bench_loss bench_plan bench_block_weights bench_block_mask tp
 SLOW=(bench_buckets bench_train bench_pipeline bench_objectives bench_layouts bench_step_cost
       bench_cpu_speed bench_gloo_exit bench_regenerate compare_shuffles compare_objectives
       compare_layouts train_real bench_first_loss bench_regenerate_real bench_real_step
-      norm_init llama_cpp_check dspark_world dspark_serving)
+      norm_init llama_cpp_check dspark_world dspark_serving dspark_real)
 
 command_of() {  # the command behind one named figure
     case $1 in
@@ -34,6 +34,7 @@ command_of() {  # the command behind one named figure
         compare_objectives) echo "$PY -m dflash.train -m experiment=compare_objectives" ;;
         compare_layouts) echo "$PY -m dflash.train -m experiment=compare_layouts" ;;
         dspark_world) echo "$PY -m dflash.train -m experiment=compare_dspark hydra.sweep.dir=$OUT/compare_dspark >/dev/null && $PY benchmarks/dspark_world.py $OUT/compare_dspark" ;;
+        dspark_real) echo "$PY benchmarks/dspark_real.py --workdir $REAL --dflash \$DFLASH_RUN --dspark \$DSPARK_RUN" ;;
         dspark_serving) echo "make llama-cpp && $PY benchmarks/dspark_serving.py --stop 0.73" ;;
         train_real) echo "make train-real" ;;
         llama_cpp_check) echo "make llama-cpp && $PY benchmarks/llama_cpp_check.py --llama-cpp .cache/llama.cpp --workdir $REAL" ;;
