@@ -38,7 +38,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep", type=Path)
     a = ap.parse_args()
-    rows = json.loads((a.sweep / "comparison.json").read_text())["rows"]
+    rows = json.loads((a.sweep / "comparison.json").read_text())
     by = {}
     for r in rows:
         by.setdefault(r["group"], {})[r["seed"]] = r
