@@ -267,3 +267,14 @@ def test_calibration_counts_the_trials_the_streaks_imply(target):
             assert 0 <= r["predicted"] <= 1
     assert "calibration over" in format_calibration(cal)
     assert confidence_calibration(target, _drafter(target), seqs, firsts) == {}
+
+
+def test_regenerate_drafts_with_the_confidence_stop_it_is_given(target):
+    from dflash.config import compose
+    from dflash.generation.local import LocalBackend
+    cfg = compose("regenerate", ["out=x.jsonl", "confidence_stop=0.5"])
+    d = _drafter(target, markov_rank=8, confidence_head=True)
+    backend = LocalBackend.from_config(cfg, target, [2], drafter=d)
+    assert backend.proposer.confidence_stop == 0.5 and backend.proposer.drafter is d
+    with pytest.raises(ConfigError, match="no confidence head"):
+        LocalBackend.from_config(cfg, target, [2], drafter=_drafter(target))
