@@ -11,6 +11,8 @@ equal, both engines' acceptance and whether the accepted drafts agree prompt by 
 then the GGUF metadata llama.cpp wrote. Last, the two hazards of docs/serving.md made on
 purpose (an export carrying the target's embeddings; an anchor-first drafter without a
 Markov head served as plain DFlash), to show what dflash's export guards against.
+Stopped and run again, it continues: the target, data and finished trainings are reused,
+a killed training resumes from its checkpoint, conversions are reused.
 """
 from __future__ import annotations
 
@@ -70,9 +72,13 @@ def build_data(target_dir: Path, work: Path, n_train: int, n_eval: int) -> tuple
 
 
 def train(target_dir: Path, data: Path, out: Path, steps: int, anchor_first: bool) -> Path:
+    """The drafter's run dir; a finished run is reused, a killed one resumes."""
     from dflash.config import compose
     from dflash.trainer import Trainer
-    cfg = compose("train", [
+    if (out / "summary.json").exists():
+        print(f"  {out}: trained before")
+        return out
+    cfg = compose("train", ["resume=auto", 
         "model=hf", f"model.target.path={target_dir}", "data=tokenized", f"data.path={data}",
         "data.max_seq_len=128", "loss=dspark", "model.drafter.markov_rank=32",
         "model.drafter.confidence_head=true", f"model.drafter.sample_from_anchor={anchor_first}",
@@ -158,8 +164,13 @@ def main() -> None:
     from dflash.eval.llama_cpp import llama_cpp_tree
     tree = llama_cpp_tree(str(a.llama_cpp))
     a.work.mkdir(parents=True, exist_ok=True)
-    target_dir = build_target(a.work / "target")
-    data, held = build_data(target_dir, a.work, a.train, a.eval)
+    # the target and its data are made once: a rerun after a stop continues from them
+    target_dir = a.work / "target"
+    if not (target_dir / "tokenizer_config.json").exists():  # (saved last)
+        build_target(target_dir)
+    data, held = a.work / "data", a.work / "heldout.jsonl"
+    if not ((data / "meta.json").exists() and held.exists()):
+        data, held = build_data(target_dir, a.work, a.train, a.eval)
     rows, facts = {}, {}
     for anchor_first in (False, True):
         name = "anchor-first" if anchor_first else "slot 0 = anchor"

@@ -23,7 +23,7 @@ def confidence_calibration(target, drafter, sequences, prompt_lengths, batch_siz
     preds, hits, slots, n = [], [], [], 0
     for _, _, hidden, targets, sup, prev in _blocks(target, drafter, sequences, prompt_lengths,
                                                    batch_size):
-        z = (hidden.to(head.dtype) @ head.t()).float() + mh.full(mh(prev), head.shape[0]).float()
+        z = (hidden.to(head.dtype) @ head.t()).float() + mh.full(prev, head.shape[0]).float()
         right = (z.argmax(-1) == targets) & sup
         conf = torch.sigmoid(drafter.confidence_head(hidden, mh.markov_w1(prev)).float())
         # a trial at k: supervised, and every earlier slot of the block right

@@ -27,7 +27,7 @@ import torch
 
 from dflash.kernels import fused_lm_head_ce
 from dflash.model.dspark import first_slot, num_drafts
-from dflash.model.loss import block_embeddings, block_targets
+from dflash.model.loss import block_embeddings, block_targets, tokens_before
 
 # a decode-path estimate this much above the decoded figure (relative) is a mismatch
 GAP_WARNING = 0.10
@@ -108,9 +108,7 @@ def _blocks(target, drafter, sequences, prompt_lengths, batch_size: int):
             hidden = drafter(ctx, valid, anchors, ok, emb)[:, :, first:]
             n = bs - first
             targets, tsup = block_targets(ids, sup, valid, anchors, ok, n + 1)
-            pos = (anchors[:, :, None] + torch.arange(n, device=dev)).clamp(max=width - 1)
-            prev = torch.gather(ids, 1, pos.flatten(1)).view_as(pos)
-            yield rows, firsts, hidden, targets, tsup, prev
+            yield rows, firsts, hidden, targets, tsup, tokens_before(ids, anchors, n)
     finally:
         drafter.train(was_training)
 
@@ -133,7 +131,7 @@ def leading_correct(hidden, head, targets, sup, markov=None, prev=None) -> torch
             _, _, pred = fused_lm_head_ce(h, head, targets[where][:, k],
                                           torch.ones(len(where[0]), device=hidden.device))
         else:
-            bias = markov.full(markov(prev[where][:, k]), head.shape[0])
+            bias = markov.full(prev[where][:, k], head.shape[0])
             pred = ((h @ head.t()).float() + bias.float()).argmax(-1)
         hit = pred == targets[where][:, k]
         alive[where] = hit

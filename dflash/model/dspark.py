@@ -42,8 +42,10 @@ class MarkovHead(nn.Module):
         """[..., V_draft] bias over W2's rows for previous tokens `prev` [...]."""
         return self.markov_w2(self.markov_w1(prev))
 
-    def full(self, bias: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """W2-row bias scattered to the vocabulary (0 on the ids W2 does not hold)."""
+    def full(self, prev: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[..., V] bias for previous tokens `prev`, W2's rows scattered to the vocabulary
+        (0 on the ids W2 does not hold)."""
+        bias = self(prev)
         if self.ids is None:
             return bias
         out = bias.new_zeros((*bias.shape[:-1], vocab_size))
@@ -95,7 +97,7 @@ def markov_chain(base: torch.Tensor, anchor_tok: torch.Tensor, head: MarkovHead,
     logits [B, n, V], prev [B, n])."""
     prev, cols, prevs = anchor_tok, [], []
     for j in range(base.shape[1]):
-        col = base[:, j] + head.full(head(prev), vocab_size).to(base.dtype)
+        col = base[:, j] + head.full(prev, vocab_size).to(base.dtype)
         cols.append(col)
         prevs.append(prev)
         prev = col.argmax(-1)

@@ -218,9 +218,9 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     # (which would read the count back to the host every step).
     targets = torch.where(sup, targets, torch.zeros_like(targets))
     if ob.kind == "dspark":
-        before = before_slots(final, ids, anchors, n)
-        return dspark_loss(ob, bare, hidden, before[0], lm_head_weight, before[1], targets,
-                           sup, anchor_valid, reduce_sum, _output, step_weight)
+        return dspark_loss(ob, bare, hidden, final_before(final, anchors, n), lm_head_weight,
+                           tokens_before(ids, anchors, n), targets, sup, anchor_valid,
+                           reduce_sum, _output, step_weight)
     if ob.kind == "kl":
         return _kl_loss(ob, hidden, final, lm_head_weight, anchors, targets, sup, anchor_valid)
     head, rows, reach = lm_head_weight, targets, sup
@@ -237,16 +237,25 @@ def drafter_loss(drafter, target_ctx, embed, lm_head_weight, ids, loss_mask, val
     return _output(ob, loss, w, argmax, targets, sup, anchor_valid, hidden)
 
 
-def before_slots(final, ids, anchors, n: int):
-    """The target's final hidden state [B, A, n, H] and the token [B, A, n] one before
-    each drafting slot's (at anchor + k, k = 0..n-1; clamped at the row's end, where the
-    slot is unsupervised anyway)."""
+def _before_positions(anchors, n: int, length: int) -> torch.Tensor:
+    """[B, A, n] the position one before each drafting slot's token (anchor + k, k =
+    0..n-1), clamped at the row's end, where the slot is unsupervised anyway."""
+    return (anchors[:, :, None] + torch.arange(n, device=anchors.device)).clamp(max=length - 1)
+
+
+def tokens_before(ids, anchors, n: int) -> torch.Tensor:
+    """[B, A, n] the token one before each drafting slot's (a Markov head's `prev`)."""
+    pos = _before_positions(anchors, n, ids.shape[1])
+    return torch.gather(ids, 1, pos.flatten(1)).view_as(pos)
+
+
+def final_before(final, anchors, n: int) -> torch.Tensor:
+    """[B, A, n, H] the target's final hidden state one before each drafting slot's token
+    (what its LM head read to predict that token)."""
     b, a = anchors.shape
-    pos = (anchors[:, :, None] + torch.arange(n, device=anchors.device)).clamp(max=ids.shape[1] - 1)
-    prev = torch.gather(ids, 1, pos.reshape(b, a * n)).view(b, a, n)
+    pos = _before_positions(anchors, n, final.shape[1])
     h = final.shape[-1]
-    t_hidden = torch.gather(final, 1, pos.reshape(b, a * n, 1).expand(b, a * n, h)).view(b, a, n, h)
-    return t_hidden, prev
+    return torch.gather(final, 1, pos.reshape(b, a * n, 1).expand(b, a * n, h)).view(b, a, n, h)
 
 
 def _output(ob, loss, w, argmax, targets, sup, anchor_valid, hidden) -> LossOutput:
@@ -313,8 +322,7 @@ def _kl_loss(ob, hidden, final, lm_head_weight, anchors, targets, sup, anchor_va
     draft vocabulary both sides' softmax runs over its ids only (the target's
     distribution renormalised there: what it puts elsewhere is not drafted anyway)."""
     b, a, n, h = hidden.shape
-    pos = (anchors[:, :, None] + torch.arange(n, device=anchors.device)).clamp(max=final.shape[1] - 1)
-    t_hidden = torch.gather(final, 1, pos.reshape(b, a * n, 1).expand(b, a * n, h)).view(b, a, n, h)
+    t_hidden = final_before(final, anchors, n)
     head = lm_head_weight if ob.vocab is None else ob.vocab.head(lm_head_weight)
     rows, argmax = fused_lm_head_kl_rows(hidden.reshape(-1, h), t_hidden.reshape(-1, h),
                                          head, ob.kl_temperature, ob.chunk, ob.chunk_mb)

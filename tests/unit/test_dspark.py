@@ -61,7 +61,7 @@ def test_markov_chain_equals_a_plain_loop_with_argmax_feedback():
     small = MarkovHead(v, r, len(ids))
     torch.nn.init.normal_(small.markov_w2.weight)
     small.ids = ids
-    full = small.full(small(torch.tensor([5])), v)[0]
+    full = small.full(torch.tensor([5]), v)[0]
     assert torch.equal(full[ids], small(torch.tensor([5]))[0])
     assert int((full != 0).sum()) == len(ids)
 
