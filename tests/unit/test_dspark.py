@@ -140,6 +140,8 @@ def test_slot_weights_decay_and_stop_at_the_first_gap():
 def test_heads_are_refused_where_they_cannot_train_or_load(target):
     with pytest.raises(ConfigError, match="confidence_head needs model.drafter.markov_rank"):
         _drafter(target, confidence_head=True)
+    with pytest.raises(ConfigError, match="markov_rank=-1: a rank is 0"):
+        _drafter(target, markov_rank=-1)
     spec = _drafter(target, markov_rank=8).spec
     with pytest.raises(ConfigError, match="trains with loss=dspark"):
         check_heads_objective(spec, "ce")
