@@ -30,7 +30,7 @@ def main() -> None:
     from transformers import AutoTokenizer
     from dflash.config import DrafterConfig, TargetConfig
     from dflash.model.drafter import DFlashDrafter, DrafterSpec
-    from dflash.model.gguf import smollm2_dir
+    from dflash.recipe.gguf import smollm2_dir
     from dflash.model.loss import Objective, drafter_loss
     from dflash.model.target import Target
     path = Path(args.model) if args.model else smollm2_dir(REPO / ".cache" / "dflash")

@@ -56,7 +56,7 @@ def main() -> None:
     from dflash.data.format import TokenDataset
     from dflash.model.draft_vocab import DraftVocab
     from dflash.model.drafter import DFlashDrafter, DrafterSpec
-    from dflash.model.gguf import smollm2_dir
+    from dflash.recipe.gguf import smollm2_dir
     from dflash.model.loss import Objective, block_embeddings, drafter_loss, sample_anchors
     from dflash.model.target import Target
 

@@ -7,7 +7,7 @@ batches, each with plain greedy decoding, prompt-lookup drafts and a trained dfl
 The target and the prompts are the default world's (its fitted tiny target, held-out
 prompts training never saw); overrides go to the train config (`topology=single_gpu
 model.target.dtype=bfloat16` on a GPU). Generation runs through regenerate's own local
-backend (`dflash.generation.local.LocalBackend`) and its batch planner
+backend (`dflash.decode.local.LocalBackend`) and its batch planner
 (`dflash.generation.runner.plan_batches`). The drafter is trained first, in this process,
 for `--train-steps` steps of the default run (0: no drafter rows). Every row is checked
 against plain greedy one-prompt-at-a-time decoding: greedy is lossless, so the outputs
@@ -33,9 +33,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from dflash.config import compose  # noqa: E402
-from dflash.eval.decode import DrafterProposer  # noqa: E402
-from dflash.eval.decode import PromptLookupProposer  # noqa: E402
-from dflash.generation.local import LocalBackend  # noqa: E402
+from dflash.decode import DrafterProposer  # noqa: E402
+from dflash.decode import PromptLookupProposer  # noqa: E402
+from dflash.decode.backend import Sampling  # noqa: E402
+from dflash.decode.local import LocalBackend  # noqa: E402
 from dflash.generation.runner import plan_batches  # noqa: E402
 
 QUIET = ["logger.progress=false"]
@@ -57,7 +58,7 @@ def generate(backend, prompts: list, batches: list) -> tuple[list, float, int]:
     sync()
     t0 = time.perf_counter()
     for bi, idx in enumerate(batches):
-        for i, row in zip(idx, backend.generate([prompts[i] for i in idx], bi)):
+        for i, row in zip(idx, backend.decode_ids([prompts[i] for i in idx], bi)):
             out[i] = row["ids"]
     sync()
     return out, time.perf_counter() - t0, sum(len(o) for o in out if o is not None)
@@ -94,7 +95,7 @@ def main() -> None:
     rows, ref = [], None
     with torch.no_grad():
         for pname, prop in proposers.items():
-            backend = LocalBackend(target, [], max_new_tokens=a.max_new, proposer=prop)
+            backend = LocalBackend(target, [], Sampling(max_new_tokens=a.max_new), prop)
             for bname, batches in batchings(prompts, a.max_new, budget, cap).items():
                 generate(backend, prompts, batches[:1])  # warm the kernels of this path
                 best = None

@@ -5,7 +5,7 @@ plain (one token a step), prompt lookup (blocks of 4), auto (the default) and, w
     make real-deps && python benchmarks/bench_regenerate_real.py [--prompts 48] [--max-new 96]
         [--model DIR] [--drafter DIR] [--json PATH]
 
-The prompts are the project's prompt set (`dflash.data.prompt_gen`, seed 1) rendered with
+The prompts are the project's prompt set (`dflash.recipe.prompt_gen`, seed 1) rendered with
 the model's chat template; the batches are regenerate's own plan (`plan_batches`, the
 default token budget and batch cap, or --cap). Each decoding runs through regenerate's
 local backend; every output is compared token for token with HF greedy `generate` on the
@@ -40,11 +40,12 @@ def main() -> None:
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
-    from dflash.model.gguf import smollm2_dir
+    from dflash.recipe.gguf import smollm2_dir
     from dflash.config import TargetConfig
     from dflash.data.loss_mask import end_of_turn_ids
-    from dflash.data.prompt_gen import prompt_set
-    from dflash.generation.local import LocalBackend
+    from dflash.recipe.prompt_gen import prompt_set
+    from dflash.decode.backend import Sampling
+    from dflash.decode.local import LocalBackend, greedy_proposer
     from dflash.generation.runner import plan_batches
     from dflash.model.checkpoint import load_drafter
     from dflash.model.target import Target
@@ -70,14 +71,14 @@ def main() -> None:
         chosen = {"hf generate", *a.only.split(",")} if a.only else set(names)  # HF: the reference
         for name in [n for n in names if n in chosen]:
             # a drafter, when given, is the proposer whatever `decoding` says
-            be = LocalBackend(target, stop, max_new_tokens=a.max_new,
-                              drafter=drafter if name == "drafter" else None,
-                              decoding=name if name in ("plain", "lookup") else "auto")
+            be = LocalBackend(target, stop, Sampling(max_new_tokens=a.max_new), greedy_proposer(
+                target, drafter if name == "drafter" else None,
+                name if name in ("plain", "lookup") else "auto"))
             t0, out = time.perf_counter(), {}
             for bi, idx in enumerate(batches):
                 batch = [prompts[i] for i in idx]
                 res = ([be._finish(list(map(int, t))) for t in be._hf_generate(batch, bi, False)]
-                       if name == "hf generate" else be.generate(batch, bi))
+                       if name == "hf generate" else be.decode_ids(batch, bi))
                 out.update({i: r for i, r in zip(idx, res)})
             sec = time.perf_counter() - t0
             toks = sum(r["tokens"] for r in out.values())

@@ -2,7 +2,7 @@
 
     make train-real ARGS="budget_minutes=30"             # DFlash (the recipe's drafter)
     cp $R/eval.json $R/eval_dflash.json                  # R=.cache/dflash/end_to_end/smollm2
-    make train-real ARGS="estimate=false prompts=N paths=M train.loss=dspark +train.drafter_head=dspark"
+    make train-real ARGS="estimate=false prompts=N paths=M train.groups.loss=dspark +train.groups.drafter_head=dspark"
     python benchmarks/dspark_real.py --workdir $R --dflash $R/train-A --dspark $R/train-B
 
 (N, M: the prompts and paths the first run scaled to.) Walks both drafters along the

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 def build_target(out: Path) -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from dflash.model.gguf import smollm2_dir
+    from dflash.recipe.gguf import smollm2_dir
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir(ROOT / ".cache" / "dflash")))
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -115,13 +115,14 @@ def gguf_facts(tree: Path, path: Path) -> dict:
 
 
 def serve(tree, target_dir, drafter, report, out) -> dict:
-    from dflash.eval.llama_cpp import check
-    c = check(tree, target_dir, drafter, report, out, threads=2)
-    e = c["equal_prompts"]
-    return {"spec_type": c["spec_type"], "equal": f"{c['equal_tokens']}/{c['prompts']}",
-            "llama_cpp": round(c["llama_cpp"], 3), "dflash": round(c["dflash"], 3),
-            "same_accepted_per_prompt": e.get("same_accepted_per_prompt"),
-            "only_final_step_differs": e.get("differences_only_in_final_step")}
+    from dflash.recipe.llama_cpp import check
+    from dflash.eval.report import EvalReport
+    c = check(tree, target_dir, drafter, EvalReport.from_json(report), out, threads=2)
+    e = c.equal_prompts
+    return {"spec_type": c.spec_type, "equal": f"{c.equal_tokens}/{c.prompts}",
+            "llama_cpp": round(c.llama_cpp, 3), "dflash": round(c.dflash, 3),
+            "same_accepted_per_prompt": e.same_accepted_per_prompt,
+            "only_final_step_differs": e.differences_only_in_final_step}
 
 
 def hazards(tree, target_dir, drafter: Path, report: dict, work: Path) -> dict:
@@ -161,7 +162,7 @@ def main() -> None:
     ap.add_argument("--eval", type=int, default=16)
     ap.add_argument("--stop", type=float, default=0.5)
     a = ap.parse_args()
-    from dflash.eval.llama_cpp import llama_cpp_tree
+    from dflash.recipe.llama_cpp import llama_cpp_tree
     tree = llama_cpp_tree(str(a.llama_cpp))
     a.work.mkdir(parents=True, exist_ok=True)
     # the target and its data are made once: a rerun after a stop continues from them

@@ -42,7 +42,7 @@ def main() -> None:
     by = {}
     for r in rows:
         by.setdefault(r["group"], {})[r["seed"]] = r
-    jobs = {(",".join(f"{k}={o[k]}" for k in sorted(o) if k not in ("seed",)), s.get("seed")): s
+    jobs = {(",".join(f"{k}={o[k]}" for k in sorted(o) if k not in ("seed",)), s.seed): s
             for o, s in job_summaries(a.sweep)}
 
     def label(g):

@@ -236,7 +236,8 @@ def regenerate_compiled(dev):
     (fp32), and the generated tokens/s of each, timed after a warm call."""
     from omegaconf import OmegaConf
     from dflash.config import TargetConfig
-    from dflash.generation.local import LocalBackend
+    from dflash.decode.backend import Sampling
+    from dflash.decode.local import Compiled, LocalBackend
     from dflash.model.target import Target
     target = Target.from_config(OmegaConf.structured(TargetConfig(dtype="float32"))).to(dev).eval()
     g = torch.Generator().manual_seed(0)
@@ -244,14 +245,14 @@ def regenerate_compiled(dev):
                for n in torch.randint(8, 200, (16,), generator=g)]
     backend = "inductor" if dev.type == "cuda" else "eager"  # CPU dry run: no codegen
     outs, rates = {}, {}
-    for name, kw in (("eager", {}), ("compiled", {"compile_backend": backend})):
-        be = LocalBackend(target, [], max_new_tokens=64, pad_to_multiple=64, **kw)
+    for name, compiled in (("eager", None), ("compiled", Compiled(backend, pad_to_multiple=64))):
+        be = LocalBackend(target, [], Sampling(max_new_tokens=64), compiled=compiled)
         with torch.no_grad():
-            be.generate(prompts)  # the compiled path compiles its shape here
+            be.decode_ids(prompts)  # the compiled path compiles its shape here
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            outs[name] = [o["ids"] for o in be.generate(prompts)]
+            outs[name] = [o["ids"] for o in be.decode_ids(prompts)]
             if dev.type == "cuda":
                 torch.cuda.synchronize()
         rates[name] = sum(map(len, outs[name])) / (time.perf_counter() - t0)

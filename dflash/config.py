@@ -26,6 +26,7 @@ from dflash.generation.config import (BadLines, ChatFormat, OpenAISettings, Rege
 from dflash.loggers import LoggerConfig
 from dflash.model.config import DrafterConfig, LossConfig, ModelConfig, TargetConfig
 from dflash.optim import OptimConfig
+from dflash.dirs import DirsConfig, cache_root
 from dflash.pipeline import PipelineConfig
 from dflash.resume import CheckpointConfig
 from dflash.topology import Device, TopologyConfig
@@ -40,6 +41,7 @@ __all__ = ["BatchingConfig", "BucketsConfig", "CheckpointConfig", "CompareConfig
 
 @dataclass
 class TrainConfig:
+    dirs: DirsConfig = field(default_factory=DirsConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
@@ -97,6 +99,7 @@ class PlanConfig(TrainConfig):
 
 @dataclass
 class BucketsAppConfig:
+    dirs: DirsConfig = field(default_factory=DirsConfig)
     data: DataConfig = field(default_factory=DataConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     lengths_file: Optional[str] = None  # a .npy of lengths instead of data=
@@ -128,6 +131,7 @@ class BucketsAppConfig:
 @dataclass
 class RegenerateConfig:
     """`python -m dflash.regenerate`: the target writes the replies its drafter learns."""
+    dirs: DirsConfig = field(default_factory=DirsConfig)
     inputs: List[str] = MISSING  # chat JSONL files (the formats prepare reads)
     # chat, or a benchmark's own file (gsm8k | humaneval | mtbench: prompt-only records
     # worded as the public DFlash benchmarks prompt them; mtbench wants turns=each)
@@ -163,6 +167,7 @@ class RegenerateConfig:
 
 @dataclass
 class EvalAppConfig:
+    dirs: DirsConfig = field(default_factory=DirsConfig)
     drafter: Optional[str] = None  # a checkpoint dir in the public DFlash layout
     prompts: Optional[str] = None  # JSONL with "prompt_ids", or a dflash data set dir
     # prompt_ids (JSONL of {"prompt_ids": [...]}), or a file of chat | gsm8k | humaneval |
@@ -202,10 +207,11 @@ class EvalAppConfig:
 @dataclass
 class EndToEndConfig:
     """`python -m dflash.end_to_end`: regenerate -> prepare -> train -> eval on a real model."""
-    workdir: str = ".cache/dflash/end_to_end/smollm2"  # every stage's output; reruns skip
+    dirs: DirsConfig = field(default_factory=DirsConfig)
+    workdir: str = "${dirs.cache}/end_to_end/smollm2"  # every stage's output; reruns skip
     target: Optional[str] = None  # a local HF chat model dir; None: the packaged SmolLM2
-    cache_dir: str = ".cache/dflash"  # where the packaged model is converted, once
-    prompts: int = 1200  # training prompts (dflash.data.prompt_gen, seed 0), all distinct
+    cache_dir: str = "${dirs.cache}"  # where the packaged model is converted, once
+    prompts: int = 1200  # training prompts (dflash.recipe.prompt_gen, seed 0), all distinct
     heldout: int = 48  # eval prompts of the same kinds (seed 1) on subjects of their own
     # more held-out prompts (seed 2) whose greedy replies the comparison walks (paths
     # stage: one target forward a reply; 0: no such stage)
@@ -213,7 +219,7 @@ class EndToEndConfig:
     max_new_tokens: int = 128  # per regenerated reply
     eval_max_new_tokens: int = 64  # tokens decoded per held-out prompt
     # before the long stages: the recipe's apps on `estimate_prompts` prompts, and
-    # regenerate + train priced on this machine from their rates (dflash/recipe_estimate.py)
+    # regenerate + train priced on this machine from their rates (dflash/recipe/estimate.py)
     estimate: bool = True
     estimate_prompts: int = 16
     # minutes regenerate + train may take by that estimate: prompts and paths are scaled
@@ -226,9 +232,10 @@ class EndToEndConfig:
     # with llama_cpp: llama-server's decoding speed, no speculation / its n-gram modes /
     # the trained and an untrained drafter, at 1 and 4 concurrent requests (speed.json)
     speed: bool = True
-    # each app's own keys, nested as in its config (the recipe's CPU defaults live in
-    # end_to_end.yaml): train.epochs=16, train.model.drafter.num_layers=2,
-    # train.optim.weight_decay=0.1, +regenerate.batching.max_batch_size=32
+    # each app's own keys, nested as in its config, and under `groups` its config group
+    # choices (the recipe's CPU defaults live in end_to_end.yaml): train.epochs=16,
+    # train.model.drafter.num_layers=2, train.groups.loss=ce,
+    # +regenerate.batching.max_batch_size=32 (dflash/recipe/stage_config.py)
     regenerate: Dict[str, Any] = field(default_factory=dict)
     train: Dict[str, Any] = field(default_factory=dict)
     eval: Dict[str, Any] = field(default_factory=dict)
@@ -243,6 +250,7 @@ _GROUPS = {
     "topology": TopologyConfig,
     "logger": LoggerConfig,
     "loss": LossConfig,
+    "dirs": DirsConfig,
 }
 
 
@@ -304,6 +312,8 @@ def register() -> None:
     if not OmegaConf.has_resolver("dflash_drafter_layers"):  # experiment=production's depth
         from dflash.model.derive import drafter_layers
         OmegaConf.register_new_resolver("dflash_drafter_layers", drafter_layers)
+    if not OmegaConf.has_resolver("dflash_cache"):  # dirs.cache: $DFLASH_CACHE or the default
+        OmegaConf.register_new_resolver("dflash_cache", lambda: str(cache_root()))
     if not OmegaConf.has_resolver("dflash_outdir"):  # conf/hydra/output/dflash.yaml
         OmegaConf.register_new_resolver("dflash_outdir", lambda app: OUT_DIRS.get(app, app))
     cs = ConfigStore.instance()

@@ -4,6 +4,8 @@
       DataError      bad input data: a file, a line, a sample, a checkpoint
       ConfigError    a setting that cannot work as given (the key is named)
         TopologyError  devices or ranks that do not fit the chosen topology
+      ToolError      a program dflash ran failed (a recipe stage's app, llama.cpp's
+                     converter or server): what it printed says why
 
 Anything else is a bug and keeps its traceback.
 """
@@ -23,6 +25,10 @@ class ConfigError(UserError):
 
 class TopologyError(ConfigError):
     """Devices or ranks that do not fit `topology=`."""
+
+
+class ToolError(UserError):
+    """A subprocess or server failed: the message names it and where its output is."""
 
 
 def user_errors_exit(fn):

@@ -12,11 +12,18 @@ from dflash import config
 from dflash.errors import user_errors_exit
 from dflash.comparison.stats import bootstrap_acceptance
 from dflash.eval.baselines import build_baseline, paired_difference
-from dflash.eval.decode import evaluate, speculative_decode
+from dflash.decode import evaluate, speculative_decode
 from dflash.eval.prompts import check_pair, load_prompts
+from dflash.eval.report import Baseline, EvalReport, PathsReport, Score
 
 
 def main_app(cfg) -> dict:
+    """The eval app in this process: its report as the JSON it writes to `out=`."""
+    return eval_report(cfg).to_json()
+
+
+def eval_report(cfg) -> EvalReport:
+    """Decode `prompts=` (with baselines), walk `paths=`, time `speed=true`; write `out=`."""
     import json
 
     from dflash.options import choice
@@ -36,17 +43,15 @@ def main_app(cfg) -> dict:
         target = Target.from_config(cfg.model.target).to(dev)
     drafter = load_drafter(cfg.drafter, device=dev)
     target.layer_ids = list(drafter.spec.target_layer_ids)  # the checkpoint decides
-    report = {"drafter": str(cfg.drafter)}
-    if cfg.prompts:
-        report.update(decoded(cfg, target, drafter))
+    report = decoded(cfg, target, drafter) if cfg.prompts else EvalReport(str(cfg.drafter))
     if cfg.paths:
-        report["paths"] = walked(cfg, target, drafter)
+        report.paths = walked(cfg, target, drafter)
     if cfg.speed:
-        report["speed"] = timed(cfg, target, drafter)
+        report.speed = timed(cfg, target, drafter)
     if cfg.out and _main_rank():
         from pathlib import Path
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(report, indent=2))
+        Path(cfg.out).write_text(json.dumps(report.to_json(), indent=2))
     return report
 
 
@@ -65,11 +70,11 @@ def _load_target(cfg):
 
 
 def _main_rank() -> bool:
-    import os
-    return os.environ.get("RANK", "0") == "0"
+    from dflash.topology import launch_rank
+    return launch_rank() == 0
 
 
-def decoded(cfg, target, drafter) -> dict:
+def decoded(cfg, target, drafter) -> EvalReport:
     """Real speculative decoding of the prompts: the drafter, then each baseline."""
     from dflash.options import choice
 
@@ -85,33 +90,25 @@ def decoded(cfg, target, drafter) -> dict:
                   seed=int(cfg.seed), eos_token_id=getattr(target.config, "eos_token_id", None))
     res = evaluate(target, drafter, prompts, int(cfg.max_new_tokens), progress="eval",
                    confidence_stop=float(cfg.confidence_stop), **decode)
-    # the prompts and generated tokens themselves: losslessness can be checked from the
-    # report (greedy: they are the target's own greedy continuation)
-    report = {"prompts": str(cfg.prompts),
-              "format": choice(cfg.format), "temperature": float(cfg.temperature),
-              "confidence_stop": float(cfg.confidence_stop),
-              "max_new_tokens": int(cfg.max_new_tokens), **res.as_dict(),
-              "prompt_ids": [list(map(int, p)) for p in prompts],
-              "tokens": [list(map(int, t)) for t in res.tokens],
-              # drafts accepted by each prompt's final verify step: where another engine's
-              # count may differ (it ends at the token cap or EOS inside that step; the
-              # llama.cpp check reads it)
-              "per_prompt_last_step_accepted": [r[-1] - 1 if r else 0 for r in res.accept_lengths]}
-    report["interval"] = bootstrap_acceptance(res.per_prompt, report["per_prompt_steps"])
+    report = EvalReport(
+        str(cfg.drafter), str(cfg.prompts), choice(cfg.format), float(cfg.temperature),
+        float(cfg.confidence_stop), int(cfg.max_new_tokens), **res.as_dict(),
+        prompt_ids=[list(map(int, p)) for p in prompts],
+        tokens=[list(map(int, t)) for t in res.tokens],
+        per_prompt_last_step_accepted=[r[-1] - 1 if r else 0 for r in res.accept_lengths])
+    report.interval = bootstrap_acceptance(res.per_prompt, report.per_prompt_steps)
     if drafter.confidence_head is not None:  # DSpark: its confidence against what happened
         from dflash.eval.calibration import confidence_calibration
-        report["calibration"] = confidence_calibration(
+        report.calibration = confidence_calibration(
             target, drafter, [list(map(int, p)) + list(map(int, t)) for p, t in zip(prompts, res.tokens)],
             [len(p) for p in prompts], batch_size=int(cfg.batch_size))
-    report["baselines"] = {}
+    report.baselines = {}
     for name, proposer in zip(cfg.baselines, baselines):
-        b = speculative_decode(target, proposer, prompts, int(cfg.max_new_tokens),
-                               progress=f"eval {name}", **decode).as_dict()
-        report["baselines"][str(name)] = {
-            **{k: b[k] for k in ("acceptance_length", "per_prompt", "per_prompt_steps",
-                                 "verify_steps", "generated_tokens")},
-            "interval": bootstrap_acceptance(b["per_prompt"], b["per_prompt_steps"]),
-            "drafter_minus_this": paired_difference(report, b)}
+        b = Score.from_json(speculative_decode(target, proposer, prompts, int(cfg.max_new_tokens),
+                                               progress=f"eval {name}", **decode).as_dict())
+        b.interval = bootstrap_acceptance(b.per_prompt, b.per_prompt_steps)
+        report.baselines[str(name)] = Baseline(**vars(b),
+                                               drafter_minus_this=paired_difference(report, b))
     return report
 
 
@@ -132,7 +129,7 @@ def timed(cfg, target, drafter) -> dict:
                          getattr(target.config, "eos_token_id", None))
 
 
-def walked(cfg, target, drafter) -> dict:
+def walked(cfg, target, drafter) -> PathsReport:
     """Greedy acceptance along the held-out replies of `paths` (dflash.eval.paths): the
     drafter, then each baseline, with paired intervals."""
     from dflash.data.format import TokenDataset
@@ -147,49 +144,49 @@ def walked(cfg, target, drafter) -> dict:
                  for b in cfg.baselines}
     out = compare_on_paths(target, drafter, baselines, ds,
                            progress=lambda name: print(f"paths: {name}", flush=True))
-    out["data"] = str(cfg.paths)
+    out.data = str(cfg.paths)
     return out
 
 
-def format_eval(report: dict) -> str:
+def format_eval(report: EvalReport) -> str:
     lines = []
-    if "histogram" in report:
-        hist = report["histogram"]
+    if report.decoded:
+        hist = report.histogram
         total = max(1, sum(hist))
-        lines += [f"acceptance length {report['acceptance_length']:.3f} over "
-                  f"{report['verify_steps']} verify steps, {len(report['per_prompt'])} prompts",
-                  "per prompt: " + " ".join(f"{x:.2f}" for x in report["per_prompt"]),
+        lines += [f"acceptance length {report.acceptance_length:.3f} over "
+                  f"{report.verify_steps} verify steps, {len(report.per_prompt)} prompts",
+                  "per prompt: " + " ".join(f"{x:.2f}" for x in report.per_prompt),
                   "accepted tokens per step:"]
         for k, c in enumerate(hist, 1):
             if c:
                 lines.append(f"  {k:>2}  {c:>6}  {'#' * max(1, round(40 * c / total))}")
         lines += comparison_table(report)
-    if report.get("calibration"):
+    if report.calibration:
         from dflash.eval.calibration import format_calibration
-        lines.append(format_calibration(report["calibration"]))
-    if "paths" in report:
-        p = report["paths"]
-        lines += [f"along {p['replies']} held-out greedy replies ({p['verify_steps']} verify "
-                  f"steps of the drafter): acceptance length {p['acceptance_length']:.3f}",
+        lines.append(format_calibration(report.calibration))
+    if report.paths is not None:
+        p = report.paths
+        lines += [f"along {p.replies} held-out greedy replies ({p.verify_steps} verify "
+                  f"steps of the drafter): acceptance length {p.acceptance_length:.3f}",
                   *comparison_table(p)]
-    if "speed" in report:
+    if report.speed is not None:
         from dflash.eval.speed import format_speed
-        lines.append(format_speed(report["speed"]))
+        lines.append(format_speed(report.speed))
     return "\n".join(lines)
 
 
-def comparison_table(report: dict) -> list:
+def comparison_table(report) -> list:
     """The drafter and each baseline: acceptance, interval, the paired difference."""
-    if not report.get("baselines"):
+    if not report.baselines:
         return []
     lines = [f"{'':>12} {'acceptance':>10}  {'95% CI':>13}  drafter minus it (95% CI)"]
-    rows = [("drafter", report, None)] + [(n, b, b["drafter_minus_this"])
-                                          for n, b in report["baselines"].items()]
+    rows = [("drafter", report, None)] + [(n, b, b.drafter_minus_this)
+                                          for n, b in report.baselines.items()]
     for name, r, d in rows:
-        ci = r.get("interval") or {"lo": float("nan"), "hi": float("nan")}
-        diff = "" if d is None else (f"{d['difference']:+.3f} ({d['lo']:+.3f} to "
-                                     f"{d['hi']:+.3f}){'  better' if d['better'] else ''}")
-        lines.append(f"{name:>12} {r['acceptance_length']:10.3f}  {ci['lo']:.2f} to "
+        ci = r.interval or {"lo": float("nan"), "hi": float("nan")}
+        diff = "" if d is None else (f"{d.difference:+.3f} ({d.lo:+.3f} to "
+                                     f"{d.hi:+.3f}){'  better' if d.better else ''}")
+        lines.append(f"{name:>12} {r.acceptance_length:10.3f}  {ci['lo']:.2f} to "
                      f"{ci['hi']:.2f}  {diff}")
     return lines
 
@@ -200,7 +197,7 @@ config.register()
 @hydra.main(config_path="conf", config_name="eval", version_base="1.3")
 @user_errors_exit
 def main(cfg) -> None:
-    report = main_app(cfg)
+    report = eval_report(cfg)
     if _main_rank():
         print(format_eval(report))
 

@@ -77,13 +77,6 @@ class Meter:
     def totals(self) -> tuple[int, int, int]:
         return self.tokens, self.padded, self.samples
 
-    def drafter_step(self, train_step, item) -> dict:
-        """The drafter stage of one pipeline item, its busy time recorded."""
-        tick = self.clock.start()
-        m = train_step.drafter_step(item.device_batch, item.context)
-        item.times["drafter"] = self.clock.stop(tick)
-        return m
-
     def add(self, m: dict, item) -> None:
         self.times.add(item.times)
         self.interval.add(m, item.batch, item.shape.tokens)

@@ -1,22 +1,13 @@
 """AdamW with linear warmup and cosine decay (the DFlash recipe: lr 6e-4, warmup 4%)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from dflash.options import options
+from dflash.schedule import warmup_cosine
 from dflash.step import NONFINITE
-
-
-def warmup_cosine(step: int, total: int, warmup_ratio: float, min_ratio: float = 0.0) -> float:
-    """LR multiplier at `step` (0-based) of `total`: linear warmup, then cosine to min_ratio."""
-    warm = max(1, int(math.ceil(total * warmup_ratio)))
-    if step < warm:
-        return (step + 1) / warm
-    t = min(1.0, (step - warm) / max(1, total - warm))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
 
 def build_optimizer(params, cfg, total_steps: int, output_norm=None, norm_lr_scale: float = 1.0):

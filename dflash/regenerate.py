@@ -39,9 +39,9 @@ log = logging.getLogger("dflash.regenerate")
 
 def build_backend(cfg, tok, topo):
     if choice(cfg.backend) == "openai":
-        from dflash.generation.remote import OpenAIBackend
+        from dflash.decode.server import OpenAIBackend
         return OpenAIBackend.from_config(cfg)
-    from dflash.generation.local import LocalBackend
+    from dflash.decode.local import LocalBackend
     from dflash.model.target import Target
     mode = choice(cfg.model.compile)
     if mode != "off" and cfg.drafter:  # refused before any model is loaded
@@ -75,7 +75,7 @@ def build_backend(cfg, tok, topo):
     if tok.eos_token_id is not None:
         stop.add(int(tok.eos_token_id))
     return LocalBackend.from_config(
-        cfg, target, stop, drafter, pad_id=tok.pad_token_id or 0,
+        cfg, target, stop, drafter, tok, pad_id=tok.pad_token_id or 0,
         compile_backend=None if mode == "off" else checked_backend(str(cfg.model.compile_backend)),
         decoding=auto_decoding(cfg, topo.tp_size))
 
@@ -143,7 +143,8 @@ def format_report(r: dict) -> str:
 @user_errors_exit
 def main(cfg: DictConfig) -> None:
     report = run_regenerate(cfg, HydraConfig.get().runtime.output_dir)
-    if int(os.environ.get("RANK", 0)) == 0:
+    from dflash.topology import launch_rank
+    if launch_rank() == 0:
         print(format_report(report))
 
 

@@ -11,6 +11,7 @@ drafter keeps fp32 master weights and computes under `torch.autocast` when enabl
 """
 from __future__ import annotations
 
+import logging
 import platform
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ from dflash.model.dspark_loss import slot_weights
 from dflash.model.loss import (FINAL_HIDDEN_KINDS, Objective, block_targets, combined,
                                drafter_loss, sample_anchors)
 from dflash.errors import ConfigError
+from dflash.options import choice
 
+log = logging.getLogger("dflash.step")
 
 # bf16 and bfloat16 are one dtype (checkpoint.dtype takes both spellings too)
 NONFINITE = ("stop", "skip")
@@ -117,6 +120,20 @@ class StepPolicy:
             raise ConfigError(f"optim.nonfinite must be 'stop' or 'skip', got {self.nonfinite!r}")
         if self.micro_rows < 0:
             raise ConfigError(f"optim.micro_rows={self.micro_rows}: 0 (whole batches) or more")
+
+    @classmethod
+    def build(cls, cfg, device: torch.device) -> "StepPolicy":
+        """From `optim.*`, `model.autocast` and `logger.grad_norm`; bf16 asked for where the
+        device emulates it is logged once, naming what to set instead."""
+        o, m = cfg.optim, cfg.model
+        bf16 = [k for k, on in (("model.autocast", choice(m.autocast) in ("bf16", "bfloat16")),
+                                ("model.target.dtype", m.target.dtype == "bfloat16")) if on]
+        warning = emulated_bf16_warning(bf16, device)
+        if warning:
+            log.warning(warning)
+        return cls(grad_clip=float(o.grad_clip), autocast=choice(m.autocast),
+                   log_grad_norm=bool(cfg.logger.grad_norm), nonfinite=choice(o.nonfinite),
+                   micro_rows=int(o.micro_rows))
 
 
 def ranks_sum(x: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -81,10 +81,16 @@ def export_submitit_env() -> None:
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
+def launch_rank() -> int:
+    """This process's rank as its launcher set it (torchrun, submitit), readable before
+    any process group exists: the apps print and write on rank 0 only."""
+    return int(os.environ.get("RANK", 0))
+
+
 def build_topology(cfg) -> Topology:
     export_submitit_env()
     world = int(os.environ.get("WORLD_SIZE", 1))
-    rank = int(os.environ.get("RANK", 0))
+    rank = launch_rank()
     local = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     check_dp_size(cfg, world)

@@ -14,10 +14,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dflash import config, resume_identity
+from dflash import config
 from dflash.errors import user_errors_exit
-from dflash.preemption import Preempted, StopSignals, requeue_job, signal_received
-from dflash.rerun import continue_command, finished_run, stop_line
+from dflash.preemption import Preempted, StopSignals
+from dflash.run.dir import to_log_file
+from dflash.run_summary import RunSummary
+from dflash.run.stop import after_run, before_start, stopped_before_start
+from dflash.topology import launch_rank
 from dflash.trainer import Trainer
 
 config.register()  # the schemas every app composes against
@@ -35,47 +38,22 @@ def build_trainer(overrides=(), out_dir: str | Path = "outputs/runs/api") -> Tra
 
 
 def format_summary(summary: dict) -> str:
+    s = RunSummary.from_json(summary)
     rows = []
     for k in SHOWN:
-        v = summary.get(k)
+        v = getattr(s, k)
         rows.append(f"{k:>26}  {v:,.3f}" if isinstance(v, float) else f"{k:>26}  {v}")
-    if summary.get("acceptance"):
+    if s.acceptance:
         from dflash.eval.teacher_forced import format_gap
-        rows.append(format_gap(summary["acceptance"]))
-    calibration = ((summary.get("eval") or {}).get("after") or {}).get("calibration")
+        rows.append(format_gap(s.acceptance))
+    calibration = ((s.eval or {}).get("after") or {}).get("calibration")
     if calibration:
         from dflash.eval.calibration import format_calibration
         rows.append(format_calibration(calibration))
-    if summary.get("warmup"):
+    if s.warmup:
         from dflash.warmup.shapes import format_shape_report
-        rows.append(format_shape_report(summary["warmup"]))
+        rows.append(format_shape_report(s.warmup))
     return "\n".join(rows)
-
-
-def to_log_file(text: str) -> None:
-    """The printed summary into the run's log file (Hydra's `train.log`, which holds the
-    run's logged warnings and notes) too, without printing it twice on the console."""
-    for h in logging.getLogger().handlers:
-        if isinstance(h, logging.FileHandler) and h.stream is not None:
-            h.acquire()
-            try:
-                h.stream.write(text + "\n")
-                h.flush()
-            finally:
-                h.release()
-
-
-def _stopped(signame: str, out_dir: Path, what: str, main_rank: bool) -> None:
-    """One line saying a stop signal ended this run (or sweep) and the command that goes
-    on; a sweep ends here, so no later job starts inside the grace period."""
-    hc, sweep = HydraConfig.get(), _in_sweep()
-    key, where = ("hydra.sweep.dir", hc.sweep.dir) if sweep else ("hydra.run.dir", out_dir)
-    if main_rank:
-        command = continue_command("dflash.train", sys.argv[1:], key, where)
-        print(stop_line(signame, f"job {hc.job.num} ({out_dir})" if sweep else str(out_dir),
-                        what, command, sweep), file=sys.stderr, flush=True)
-    if sweep:
-        raise SystemExit(0)
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
@@ -83,19 +61,14 @@ def _stopped(signame: str, out_dir: Path, what: str, main_rank: bool) -> None:
 def _main(cfg: DictConfig) -> float | None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     cpu_notice(cfg.topology)
-    resume_identity.check_run_dir(cfg, out_dir)  # another run's dir: refused before any work
-    done = finished_run(cfg, out_dir)
-    if done is not None:  # a rerun of a stopped sweep: this job had finished
-        print(f"{out_dir}: finished with this config before; reused", flush=True)
+    done = before_start(cfg, out_dir)  # another run's dir refused; a finished one reused
+    if done is not None:
         return done.get("acceptance_length")
     try:
         trainer = Trainer(cfg, out_dir).build()
         summary = trainer.run()
     except Preempted as stop:
-        if _main_rank():  # one request for the job, as after a checkpoint
-            requeue_job(str(cfg.checkpoint.requeue))
-        _stopped(stop.signame, out_dir, "stopped before training began, nothing to save",
-                 _main_rank())
+        stopped_before_start(cfg, "dflash.train", sys.argv[1:], stop.signame, out_dir)
         return None
     if trainer.topo.is_main:
         text = f"{format_summary(summary)}\nrun dir: {out_dir}"
@@ -103,11 +76,7 @@ def _main(cfg: DictConfig) -> float | None:
             text += f"\ndrafter: {out_dir / 'drafter'}"
         print(text)
         to_log_file(text)
-    if summary["preempted"]:
-        _stopped(summary["preempted"], out_dir,
-                 f"checkpointed at step {summary['steps']}", trainer.topo.is_main)
-    elif signal_received() and _in_sweep():  # after the last step: later jobs wait
-        _stopped(signal_received(), out_dir, "finished", trainer.topo.is_main)
+    after_run(summary, "dflash.train", sys.argv[1:], out_dir, trainer.topo.is_main)
     # a sweeper that optimises (Optuna) reads the job's return value
     return summary.get("acceptance_length")
 
@@ -116,19 +85,10 @@ def cpu_notice(topology) -> None:
     """The first line where a GPU is visible and the run stays on the CPU (the CPU
     demo's default topology): what to add to use it."""
     import torch
-    if str(topology.device) == "cpu" and torch.cuda.is_available() and _main_rank():
+    if str(topology.device) == "cpu" and torch.cuda.is_available() and launch_rank() == 0:
         print(f"dflash: training on CPU (topology={topology.name}) although "
               f"{torch.cuda.device_count()} GPU(s) are visible: add topology=single_gpu "
               "(or topology=pairs under torchrun) to use them", file=sys.stderr, flush=True)
-
-
-def _in_sweep() -> bool:
-    return str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
-
-
-def _main_rank() -> bool:
-    import os
-    return os.environ.get("RANK", "0") == "0"
 
 
 def main() -> float | None:
@@ -137,7 +97,7 @@ def main() -> float | None:
         try:
             return _main()
         except Preempted as stop:  # before the config was even composed
-            if _main_rank():
+            if launch_rank() == 0:
                 print(f"dflash: {stop.signame} before the run began: nothing to save",
                       file=sys.stderr, flush=True)
             return None

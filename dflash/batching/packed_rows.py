@@ -81,6 +81,15 @@ def anchor_slots_per_row(lengths: np.ndarray, num_anchors: int, row_len: int,
     return int(min(row_len, max(num_anchors, -(-int(np.ceil(slots)) // 8) * 8)))
 
 
+def anchor_slots(planner, num_anchors: int, anchors_per_row: int = 0) -> int:
+    """Anchor slots per row of `planner`'s batches: `num_anchors`, or for packed rows the
+    slots their documents would get unpacked (anchor_slots_per_row)."""
+    if not planner.packs_rows:
+        return int(num_anchors)
+    return anchor_slots_per_row(planner.lengths, int(num_anchors), planner.spec.row_len,
+                                int(anchors_per_row))
+
+
 def packed_layout(order: np.ndarray, lengths: np.ndarray, row_len: int, rows_per_batch: int,
                   window: int):
     """(sample ids grouped by batch and row, batch offsets, row within batch of each

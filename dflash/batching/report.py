@@ -85,3 +85,20 @@ def format_report(report: dict) -> str:
                                              "mean_batch_size", "efficiency"],
                          title="per bucket (a batch belongs to the bucket of its longest sample)")
     return "\n".join([head, dist, table])
+
+
+def plan_quality(planner: Planner) -> dict:
+    """Diversity of a run's plans: pair repeat rate (epoch 0 -> 1) and length mixing."""
+    e0, e1 = planner.epoch(0), planner.epoch(1)
+    return {"pair_repeat_rate": pair_repeat_rate(e0, e1, planner.num_samples),
+            "length_mixing": length_mixing(e0, planner.lengths),
+            "plan_padding_efficiency": e0.padding_efficiency}
+
+
+def plan_info(planner: Planner, boundaries, length, shapes: dict) -> dict:
+    """What a training run's logger shows once: the per-bucket table, lengths and
+    boundaries, plan quality, the run's length (`length`: a RunLength) and its shapes."""
+    return {"buckets": bucket_table(planner.epoch(0), boundaries),
+            "boundaries": boundaries.tolist(), "lengths": planner.lengths,
+            **plan_quality(planner), "steps_per_epoch": length.steps_per_epoch,
+            "total_steps": length.total_steps, "shapes": shapes}

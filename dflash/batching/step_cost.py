@@ -20,6 +20,7 @@ A cost file is only valid for the hardware, dtype and model sizes it was measure
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,8 @@ import numpy as np
 
 from dflash.atomic import write_text_atomic
 from dflash.errors import DataError
+
+log = logging.getLogger("dflash.step_cost")
 
 TERMS = ("step", "row", "token", "attention", "anchor", "context")
 
@@ -80,6 +83,10 @@ class CostModel:
         # profiled product a little: warmup rounds lengths up past the token budget)
         return (r > b["rows"]) | (L > b["seq_len"]) | (a > b["anchors"])
 
+    def pricer(self, source: str = "the cost file") -> "StepPricer":
+        """Per-step predicted seconds along a run, one step at a time (the trainer's)."""
+        return StepPricer(self, source)
+
     def as_dict(self) -> dict:
         return {"terms": list(TERMS), "coef": [float(c) for c in self.coef],
                 "switch": None if self.switch is None else [float(c) for c in self.switch],
@@ -92,6 +99,29 @@ class CostModel:
         sw = d.get("switch")
         return cls(np.asarray(d["coef"], dtype=np.float64), dict(d.get("bounds", {})),
                    None if sw is None else np.asarray(sw, dtype=np.float64))
+
+
+class StepPricer:
+    """The predicted seconds of each step as a run takes them: a step whose shape differs
+    from the previous step's pays the profiled switch time too. One warning per shape
+    outside the profiled range (its time extrapolated)."""
+
+    def __init__(self, model: CostModel, source: str):
+        self.model, self.source = model, source
+        self.cache: dict = {}  # shape -> (seconds repeating it, seconds switching to it)
+        self.last = None
+
+    def __call__(self, shape) -> float:
+        if shape not in self.cache:
+            dims = (shape.batch_size, shape.seq_len, shape.anchors)
+            same = float(self.model.seconds(*dims)[0])
+            self.cache[shape] = (same, same + float(self.model.switch_seconds(*dims)[0]))
+            if self.model.outside(*dims)[0]:
+                log.warning("shape %s is outside the profiled range of %s: its step time "
+                            "is extrapolated", shape.as_list(), self.source)
+        seconds = self.cache[shape][0 if shape == self.last else 1]
+        self.last = shape
+        return seconds
 
 
 def fit_cost_model(rows, seq_len, anchors, seconds) -> CostModel:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash.comparison.stats import bootstrap_acceptance, first_crossing, interval, paired_verdict
+from dflash.run_summary import RunSummary
 
 # (metric, higher is better, unit in verdicts): what each group is judged on
 JUDGED = (("acceptance_length", True, ""), ("acceptance_at_equal_time", True, ""),
@@ -22,21 +23,20 @@ AGGREGATED = ("acceptance_length", "acceptance_at_equal_time", "time_to_target",
               "pair_repeat_rate", "length_mixing", "train_seconds", "real_tokens")
 
 
-def curve(s: dict) -> np.ndarray:
+def curve(s: RunSummary) -> np.ndarray:
     """[[training seconds, steps, real tokens, acceptance]] from the run's start to its end."""
-    pts = [(0.0, 0, 0, s.get("initial_acceptance_length"))]
+    pts = [(0.0, 0, 0, s.initial_acceptance_length)]
     pts += [(p["train_seconds"], p["step"], p.get("real_tokens", 0), p["acceptance_length"])
-            for p in s.get("eval_curve", [])]
-    pts.append((s.get("train_seconds", 0.0), s.get("steps", 0), s.get("real_tokens", 0),
-                s.get("acceptance_length")))
+            for p in s.eval_curve or []]
+    pts.append((s.train_seconds or 0.0, s.steps or 0, s.real_tokens or 0, s.acceptance_length))
     return np.asarray(sorted(p for p in pts if p[3] is not None), dtype=np.float64).reshape(-1, 4)
 
 
-def job_summaries(sweep_dir: Path) -> list[tuple[dict, dict]]:
+def job_summaries(sweep_dir: Path) -> list[tuple[dict, RunSummary]]:
     """(overrides, summary) of every finished job under the sweep dir, in job order."""
     paths = sorted(Path(sweep_dir).glob("*/summary.json"), key=lambda p: _job_num(p.parent.name))
-    sums = [json.loads(p.read_text()) for p in paths]
-    return [(dict(o.split("=", 1) for o in s.get("overrides", []) if "=" in o), s) for s in sums]
+    sums = [RunSummary.from_json(json.loads(p.read_text())) for p in paths]
+    return [(dict(o.split("=", 1) for o in s.overrides or [] if "=" in o), s) for s in sums]
 
 
 def _job_num(name: str) -> int:
@@ -44,7 +44,7 @@ def _job_num(name: str) -> int:
     return int(head) if head.isdigit() else 1 << 30
 
 
-def job_rows(jobs: list[tuple[dict, dict]], target: float | None = None) -> list[dict]:
+def job_rows(jobs: list[tuple[dict, RunSummary]], target: float | None = None) -> list[dict]:
     """One row per job (the comparison.json contract: strategy, padding efficiency,
     tokens/s, pair repeat, length mixing, final loss, acceptance), plus its group, seed,
     the eval's bootstrap interval, acceptance at equal time and time to `target`."""
@@ -52,33 +52,31 @@ def job_rows(jobs: list[tuple[dict, dict]], target: float | None = None) -> list
         return []
     keys = sorted({k for o, _ in jobs for k in o})
     varied = [k for k in keys if len({o.get(k) for o, _ in jobs}) > 1]
-    t_equal = min(s.get("train_seconds", 0.0) for _, s in jobs)
-    finals = [s.get("acceptance_length") for _, s in jobs if s.get("acceptance_length") is not None]
+    t_equal = min(s.train_seconds or 0.0 for _, s in jobs)
+    finals = [s.acceptance_length for _, s in jobs if s.acceptance_length is not None]
     if target is None and finals:
         target = min(finals)  # every job reaches it
     rows = []
     for o, s in jobs:
         c = curve(s)
-        after = (s.get("eval") or {}).get("after") or {}
+        after = (s.eval or {}).get("after") or {}
         group = ",".join(f"{k}={o[k]}" for k in varied if k in o and k != "seed")
         reach = first_crossing(c[:, 0], c[:, 3], target) if len(c) and target is not None else None
         rows.append({
-            "run": ",".join(f"{k}={o[k]}" for k in varied if k in o) or s.get("run_name"),
-            "group": group or s.get("strategy"), "seed": s.get("seed"),
-            "strategy": s.get("strategy"), "padding_efficiency": s.get("padding_efficiency"),
-            "tokens_per_second": s.get("tokens_per_second"),
-            "pair_repeat_rate": s.get("pair_repeat_rate"), "length_mixing": s.get("length_mixing"),
-            "final_loss": s.get("final_loss"), "acceptance_length": s.get("acceptance_length"),
+            "run": ",".join(f"{k}={o[k]}" for k in varied if k in o) or s.run_name,
+            "group": group or s.strategy, "seed": s.seed, "strategy": s.strategy,
+            "padding_efficiency": s.padding_efficiency, "tokens_per_second": s.tokens_per_second,
+            "pair_repeat_rate": s.pair_repeat_rate, "length_mixing": s.length_mixing,
+            "final_loss": s.final_loss, "acceptance_length": s.acceptance_length,
             "acceptance_bootstrap": bootstrap_acceptance(after.get("per_prompt"),
                                                          after.get("per_prompt_steps")),
             "acceptance_at_equal_time": float(np.interp(t_equal, c[:, 0], c[:, 3])) if len(c) else None,
             "equal_time_seconds": t_equal, "target_acceptance": target,
             "time_to_target": reach,
             "steps_to_target": first_crossing(c[:, 1], c[:, 3], target) if reach is not None else None,
-            "train_seconds": s.get("train_seconds"), "steps": s.get("steps"),
-            "predicted_train_seconds": s.get("predicted_train_seconds"),
-            "real_tokens": s.get("real_tokens"), "loss_norm": s.get("loss_norm"),
-            "curve": c.tolist()})
+            "train_seconds": s.train_seconds, "steps": s.steps,
+            "predicted_train_seconds": s.predicted_train_seconds,
+            "real_tokens": s.real_tokens, "loss_norm": s.loss_norm, "curve": c.tolist()})
     return rows
 
 

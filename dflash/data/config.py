@@ -28,7 +28,7 @@ class DataConfig:
     overlong: Overlong = Overlong.error  # truncate | drop | error, for samples over max_seq_len
     seed: int = 0  # synthetic / world: the data's seed
     # where generated data and the fitted world target are cached
-    cache_dir: str = "${oc.env:DFLASH_CACHE,.cache/dflash}"
+    cache_dir: str = "${dirs.cache}"
     # world: motif slots and the token range of each slot; steps to fit the tiny target
     period: int = 8
     slot_size: int = 8

@@ -10,7 +10,7 @@ beats both.
 """
 from __future__ import annotations
 
-from dflash.eval.decode import DrafterProposer, NgramProposer, speculative_decode
+from dflash.decode import DrafterProposer, NgramProposer, speculative_decode
 
 
 def context_ablation(trainer, max_new_tokens: int | None = None, order: int = 3) -> dict:

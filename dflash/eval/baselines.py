@@ -17,8 +17,9 @@ import torch
 
 from dflash.comparison.stats import pooled_acceptance
 from dflash.errors import ConfigError
+from dflash.eval.report import Difference
 from dflash.model.dspark import num_drafts
-from dflash.eval.decode import DrafterProposer, NgramProposer, PromptLookupProposer
+from dflash.decode import DrafterProposer, NgramProposer, PromptLookupProposer
 
 BASELINES = ("untrained", "lookup", "ngram")
 
@@ -68,15 +69,15 @@ def other_drafter(path: str, drafter, target):
     return other
 
 
-def paired_difference(a: dict, b: dict, draws: int = 2000, seed: int = 0) -> dict:
-    """Pooled acceptance of `a` minus `b` (EvalResult.as_dict() of the same prompts),
-    with a 95% paired bootstrap interval over prompts."""
-    pa, na = np.asarray(a["per_prompt"]), np.asarray(a["per_prompt_steps"], dtype=np.float64)
-    pb, nb = np.asarray(b["per_prompt"]), np.asarray(b["per_prompt_steps"], dtype=np.float64)
+def paired_difference(a, b, draws: int = 2000, seed: int = 0) -> Difference:
+    """Pooled acceptance of `a` minus `b` (Scores of the same prompts), with a 95% paired
+    bootstrap interval over prompts."""
+    pa, na = np.asarray(a.per_prompt), np.asarray(a.per_prompt_steps, dtype=np.float64)
+    pb, nb = np.asarray(b.per_prompt), np.asarray(b.per_prompt_steps, dtype=np.float64)
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, len(pa), (draws, len(pa)))
     diff = pooled_acceptance(pa, na, pick) - pooled_acceptance(pb, nb, pick)
     lo, hi = np.percentile(diff, [2.5, 97.5])
     every = np.arange(len(pa))
-    return {"difference": float(pooled_acceptance(pa, na, every) - pooled_acceptance(pb, nb, every)),
-            "lo": float(lo), "hi": float(hi), "better": bool(lo > 0)}
+    return Difference(float(pooled_acceptance(pa, na, every) - pooled_acceptance(pb, nb, every)),
+                      float(lo), float(hi), bool(lo > 0))

@@ -1,6 +1,6 @@
 """Acceptance along greedy replies: many held-out prompts at the cost of one forward each.
 
-Real speculative decoding (`dflash.eval.decode`) runs the target once per verify step,
+Real speculative decoding (`dflash.decode`) runs the target once per verify step,
 so on a small device it affords a few dozen prompts, and a paired interval over a few
 dozen prompts is too wide to tell two drafters ~0.05 apart. With greedy verification
 the tokens decoding emits are the target's greedy reply whatever the drafter drafts, so
@@ -21,7 +21,9 @@ import numpy as np
 
 from dflash.comparison.stats import bootstrap_acceptance
 from dflash.eval.baselines import paired_difference
-from dflash.eval.decode import DrafterProposer
+from dflash.eval.report import Baseline, PathsReport, Score
+from dflash.decode import DrafterProposer
+from dflash.decode.steps import walk
 from dflash.eval.teacher_forced import path_steps
 
 
@@ -42,43 +44,42 @@ def replies(dataset) -> tuple[list, list]:
 def history_steps(draft, sequence, first: int) -> list:
     """Tokens emitted per verify step when greedy decoding with `draft(history) ->
     drafts` walks `sequence` from its token `first` on."""
-    seq, a, steps = [int(t) for t in sequence], int(first), []
-    while a < len(seq):
-        drafts, k = draft(seq[:a + 1]), 0
-        while k < len(drafts) and a + 1 + k < len(seq) and drafts[k] == seq[a + 1 + k]:
+    seq = [int(t) for t in sequence]
+
+    def accepted(a: int) -> int:  # the anchor at seq[first + a]: its run of right drafts
+        at, k = first + a, 0
+        drafts = draft(seq[:at + 1])
+        while k < len(drafts) and at + 1 + k < len(seq) and drafts[k] == seq[at + 1 + k]:
             k += 1
-        steps.append(1 + k)
-        a += 1 + k
-    return steps
+        return k
+    return walk(len(seq) - int(first), accepted)
 
 
-def path_result(steps: list) -> dict:
-    """Per-reply steps -> the eval's result fields (pooled acceptance, per prompt)."""
+def path_result(steps: list) -> Score:
+    """Per-reply steps -> the eval's score (pooled acceptance, per prompt, interval)."""
     per = [float(np.mean(s)) if s else 0.0 for s in steps]
     n = [len(s) for s in steps]
-    return {"acceptance_length": float(sum(map(sum, steps)) / max(1, sum(n))),
-            "per_prompt": per, "per_prompt_steps": n, "verify_steps": int(sum(n)),
-            "interval": bootstrap_acceptance(per, n)}
+    return Score(float(sum(map(sum, steps)) / max(1, sum(n))), per, n, int(sum(n)),
+                 interval=bootstrap_acceptance(per, n))
 
 
 def decoder_steps(decoder, target, sequences, firsts, batch_size: int = 16) -> list:
-    """Per reply, the tokens each verify step emits with `decoder` (a DrafterProposer or
-    a proposer that drafts from the history)."""
-    if isinstance(decoder, DrafterProposer):
+    """Per reply, the tokens each verify step emits with `decoder`: a proposer over the
+    target's context (the drafter) scores every block of a reply in one forward; one
+    that drafts from the history walks it."""
+    if decoder.needs_context:
         return path_steps(target, decoder.drafter, sequences, firsts, batch_size)
     return [history_steps(decoder.draft, s, f) for s, f in zip(sequences, firsts)]
 
 
-def compare_on_paths(target, drafter, baselines: dict, dataset, progress=None) -> dict:
+def compare_on_paths(target, drafter, baselines: dict, dataset, progress=None) -> PathsReport:
     """The drafter and each baseline (name -> proposer) along every reply of `dataset`."""
     seqs, firsts = replies(dataset)
-    out = path_result(decoder_steps(DrafterProposer(drafter, target), target, seqs, firsts))
-    out["replies"] = len(seqs)
-    out["baselines"] = {}
+    drafted = path_result(decoder_steps(DrafterProposer(drafter, target), target, seqs, firsts))
+    out = PathsReport(**vars(drafted), replies=len(seqs))
     for name, proposer in baselines.items():
         if progress:
             progress(name)
         b = path_result(decoder_steps(proposer, target, seqs, firsts))
-        b["drafter_minus_this"] = paired_difference(out, b)
-        out["baselines"][name] = b
+        out.baselines[name] = Baseline(**vars(b), drafter_minus_this=paired_difference(out, b))
     return out

@@ -14,16 +14,7 @@ import time
 import numpy as np
 import torch
 
-from dflash.eval.decode import DrafterProposer, speculative_decode
-
-
-class PlainProposer:
-    """No drafts: every step verifies the current token alone (plain greedy decoding
-    through the same session and KV cache as speculative decoding)."""
-    block_size = 1
-
-    def drafts(self, session, current: torch.Tensor) -> torch.Tensor:
-        return current.new_zeros((len(current), 0))
+from dflash.decode import DrafterProposer, PlainProposer, speculative_decode
 
 
 def _timed(target, proposer, prompt, max_new_tokens: int, eos) -> tuple[list, float, int]:

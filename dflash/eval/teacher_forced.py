@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dflash.decode.steps import emit, walk
 from dflash.kernels import fused_lm_head_ce
 from dflash.model.dspark import first_slot, num_drafts
 from dflash.model.loss import block_embeddings, block_targets, tokens_before
@@ -67,7 +68,7 @@ def path_steps(target, drafter, sequences, prompt_lengths, batch_size: int = 8) 
                 streak = leading_correct(hidden[live, a][:, None], target.lm_head_weight,
                                          targets[live, a][:, None], tsup[live, a][:, None],
                                          drafter.markov_head, prev[live, a][:, None])[:, 0]
-                take[live] = torch.minimum(1 + streak, n[live] - a)
+                take[live] = emit(streak, n[live] - a)
             for i in (at < n).nonzero(as_tuple=True)[0].tolist():
                 steps[i].append(int(take[i]))
             at = torch.where(at < n, at + take, at)
@@ -142,14 +143,8 @@ def leading_correct(hidden, head, targets, sup, markov=None, prev=None) -> torch
 def decode_path(streaks: np.ndarray) -> list:
     """Tokens emitted per verify step when greedy decoding walks this continuation
     (len(streaks) + 1 tokens): from its first token, each step emits its anchor and the
-    anchor's streak of drafts (clamped to the tokens left; the last token has no
-    block to draft), and the next step is anchored after them."""
-    steps, a, n = [], 0, len(streaks) + 1
-    while a < n:
-        take = min(1 + (int(streaks[a]) if a < len(streaks) else 0), n - a)
-        steps.append(take)
-        a += take
-    return steps
+    anchor's streak of drafts (the last token has no block to draft)."""
+    return walk(len(streaks) + 1, lambda a: int(streaks[a]) if a < len(streaks) else 0)
 
 
 def _at_least(accepted: np.ndarray, block_size: int) -> list:

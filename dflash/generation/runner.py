@@ -51,7 +51,7 @@ class Regeneration:
         self.writer = self.rank == 0 if writer is None else bool(writer)
         self.barrier = barrier or (lambda: None)
         self.logger = logger
-        self.remote = bool(backend.remote)
+        self.takes_messages = bool(backend.takes_messages)
 
     def manifest(self) -> dict:
         c = self.cfg
@@ -72,7 +72,7 @@ class Regeneration:
                 "max_seq_len": int(c.max_seq_len), "truncated": str(c.truncated),
                 "model_files": files_identity(c.tokenizer or c.model.target.path),
                 "drafter_files": files_identity(c.drafter),
-                "served_model": str(c.openai.model) if self.remote else None}
+                "served_model": str(c.openai.model) if self.takes_messages else None}
 
     def run(self, out: Path) -> dict:
         c = self.cfg
@@ -99,7 +99,7 @@ class Regeneration:
         its line named) and their batches."""
         c = self.cfg
         asked = requests_for_round([x for x in convs if x.index not in dropped], str(c.turns), rnd)
-        if self.remote:  # the server renders the template: fixed-size chunks, in order
+        if self.takes_messages:  # the server renders the template: fixed-size chunks, in order
             size = max(1, 4 * int(c.openai.concurrency))
             return asked, [list(range(i, min(len(asked), i + size)))
                            for i in range(0, len(asked), size)]
@@ -163,16 +163,7 @@ class Regeneration:
         conv.replies[req.turn] = msg
 
     def generate(self, reqs: list, batch_index: int) -> list:
-        if self.remote:
-            outs = self.backend.generate_messages([r.messages for r in reqs])
-            return [{"key": r.key, **o} for r, o in zip(reqs, outs)]
-        outs = self.backend.generate([r.prompt_ids for r in reqs], batch_index)
-        # the ids themselves travel on: decoding then re-tokenizing the text is not
-        # token-exact (merges differ, invalid UTF-8 becomes U+FFFD)
-        return [{"key": r.key, "text": self.tok.decode(o["ids"], skip_special_tokens=False),
-                 "finish_reason": o["finish_reason"], "tokens": o["tokens"],
-                 "prompt_ids": r.prompt_ids, "ids": o["ids"], "stop_id": o.get("stop_id")}
-                for r, o in zip(reqs, outs)]
+        return self.backend.generate(reqs, batch_index)
 
     def finish(self, out, convs, dropped, skipped, results, stats, lines_read, seconds) -> dict:
         c = self.cfg
@@ -185,7 +176,7 @@ class Regeneration:
                   "generated_tokens": int(sum(r["tokens"] for r in results.values())),
                   "seconds": seconds, **stats,
                   "tokens_per_second": stats["generated_tokens_this_run"] / max(seconds, 1e-9),
-                  "decoding": getattr(self.backend, "decoding", "server"),
+                  "decoding": self.backend.decoding,
                   "output": str(out)}
         if self.writer:
             kwargs = dict(c.chat_template_kwargs)

@@ -243,6 +243,7 @@ class DFlashDrafter(nn.Module):
         self.markov_head = (MarkovHead(spec.vocab_size, r, spec.draft_rows or spec.vocab_size)
                             if r else None)
         self.confidence_head = ConfidenceHead(spec.hidden_size, r) if spec.confidence_head else None
+        self.draft_head = None  # an exported draft vocabulary's head, set where one loads
         # sdpa: one dense boolean mask; flex: BlockMask; chunked: SDPA per chunk of blocks
         # over the context they can see (eager only); auto: flex on CUDA, chunked on CPU,
         # sdpa on CPU under torch.compile (static shapes). A runtime choice, not a

@@ -37,6 +37,17 @@ class FeatureCache:
         self.full = False
         self.hits = self.misses = 0
 
+    @classmethod
+    def build(cls, target_cfg, lengths: np.ndarray, tp_size: int = 1) -> "FeatureCache | None":
+        """`model.target.cache_mb` > 0: a cache over the samples of `lengths`; None for 0."""
+        mb = float(target_cfg.cache_mb)
+        if mb == 0:
+            return None
+        if tp_size > 1:
+            raise ConfigError("model.target.cache_mb needs topology.target_tp=1: a sharded "
+                              "target runs every rank of its group together")
+        return cls(lengths, mb)
+
     def spans(self, batch) -> list:
         """(sample id, row, start, length) of every sample of a planned batch, as
         `TokenDataset.collate_batch` lays them out."""

@@ -93,8 +93,19 @@ def check_buckets(cmd: Command, world: World, session: Session, rep: Report) -> 
         rep.add("writes", cfg.out)
 
 
+def check_recipe(cmd: Command, world: World, session: Session, rep: Report) -> None:
+    """The real-model recipe: every stage's app config composes (as the recipe checks
+    before its first stage)."""
+    from dflash.recipe.run import recipe_target
+    from dflash.recipe.stage_config import StageConfigs
+    from dflash.recipe.workdir import Workdir
+    cfg = compose(cmd)
+    StageConfigs.build(cfg, recipe_target(cfg), Workdir(Path(str(cfg.workdir))))
+    rep.add("stages", "regenerate, train and eval configs compose")
+
+
 # each app's checks (any other app: its config composes)
 CHECKS = {"dflash.train": check_train, "dflash.regenerate": check_regenerate,
           "dflash.eval": check_eval, "dflash.data.prepare": check_prepare,
-          "dflash.buckets": check_buckets, "dflash.eval.engine_speed": check_tool,
-          "dflash.model.draft_head": check_tool}
+          "dflash.buckets": check_buckets, "dflash.recipe.engine_speed": check_tool,
+          "dflash.model.draft_head": check_tool, "dflash.end_to_end": check_recipe}

@@ -19,7 +19,7 @@ MAKE_APPS = {"train": ("dflash.train", []), "train-real": ("dflash.end_to_end", 
 APPS = ("dflash.train", "dflash.regenerate", "dflash.eval", "dflash.plan", "dflash.profile",
         "dflash.end_to_end", "dflash.data.prepare", "dflash.buckets", "dflash.preflight",
         # command-line tools (argparse): their arguments are checked, nothing composes
-        "dflash.eval.engine_speed", "dflash.model.draft_head")
+        "dflash.recipe.engine_speed", "dflash.model.draft_head")
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dflash.preflight.world import World
 
 
 def check_train(cmd: Command, world: World, session: Session, rep: Report) -> None:
-    from dflash.resume_identity import check_run_dir
+    from dflash.run.identity import check_run_dir
     cfg = compose(cmd)
     place = placement(cfg.topology, cmd, world)
     tcfg = cfg.model.target

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from omegaconf import OmegaConf
 
 from dflash.options import choice
@@ -81,6 +82,24 @@ def prompt_of(tokens: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     """The tokens before the first supervised one (at least one token)."""
     sup = np.flatnonzero(loss_mask)
     return np.asarray(tokens[:max(1, int(sup[0]) if len(sup) else len(tokens))], dtype=np.int64)
+
+
+def sources_for_ranks(cfg, topo) -> Sources:
+    """A training run's sources on every rank of `topo`: rank 0 builds (and caches) the
+    data and fitted target first; the others then read its cache instead of racing to
+    write the same files. Under target_tp every rank of a group loads its shard together
+    (the load talks)."""
+    dist, tp = topo.distributed, topo.tp_size > 1
+    deferred = []
+    if dist and not topo.is_main:
+        torch.distributed.barrier()
+    sources = build_sources(cfg, progress=topo.is_main, load_target=deferred.append if tp else None)
+    if dist and topo.is_main:
+        torch.distributed.barrier()
+    if tp:
+        from dflash.model.tp_target import TensorParallelTarget
+        sources.target = TensorParallelTarget.load(deferred[0], topo.tp_mesh)
+    return sources
 
 
 def build_sources(cfg, progress: bool = True, load_target=None) -> Sources:

@@ -31,6 +31,7 @@ from filelock import FileLock
 from tqdm.auto import tqdm
 
 from dflash.errors import DataError
+from dflash.schedule import warmup_cosine
 from dflash.data.format import DatasetWriter, TokenDataset
 from dflash.data.synthetic import ASSISTANT_ID, FIRST_CONTENT_ID, USER_ID
 
@@ -140,7 +141,7 @@ def _fit(world: World, target_cfg, steps: int, path: Path, settings: dict, batch
     lm = build_tiny_qwen3(target_cfg).train()
     opt = torch.optim.AdamW(lm.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 30) * 0.5 * (1 + np.cos(np.pi * s / steps)))
+        opt, lambda s: warmup_cosine(s, steps, 0.0, warmup_steps=30, decay_during_warmup=True))
     rng = np.random.default_rng(np.random.SeedSequence([int(target_cfg.seed), 505]))
     bar = tqdm(range(steps), desc="fit world target", disable=not progress, mininterval=2.0)
     for step in bar:

@@ -69,3 +69,10 @@ class CompileMonitor:
 
     def report(self) -> dict:
         return {"compiles_after_warmup": self.total, "compile_events": self.events[:100]}
+
+
+def loaded_autotuners() -> list:
+    """Autotuned kernels already loaded (importing Triton just to count them is waste)."""
+    import sys
+    mod = sys.modules.get("dflash.kernels.ce_triton")
+    return mod.autotuners() if mod is not None else []

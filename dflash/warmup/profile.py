@@ -16,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from dflash.batching.step_cost import load_cost_file
 from dflash.batching.strategies import traits
 from dflash.model.target import target_sizes
 from dflash.options import choice
@@ -53,6 +54,16 @@ def run_identity(cfg, device: torch.device) -> dict:
     autocast = {"bfloat16": "bf16"}.get(autocast, autocast)  # one identity per dtype
     return {"device": device_name(device), "device_count": int(cfg.topology.dp_size),
             "autocast": autocast, **model_identity(cfg), "torch": torch.__version__}
+
+
+def step_pricer(cfg, device: torch.device):
+    """`cost=FILE`: the predicted seconds of each step as the run takes them, from a step
+    cost file measured on this hardware and model (refused otherwise, naming the
+    differing field); None without `cost`."""
+    if not cfg.get("cost"):
+        return None
+    model, _ = load_cost_file(cfg.cost, run_identity(cfg, device))
+    return model.pricer(str(cfg.cost))
 
 
 def profile_shapes(warm: list, token_budget: int, max_rows: int, max_shapes: int = 24,

@@ -99,3 +99,12 @@ def warm_ranks(topo, fn) -> dict:
         dist.barrier()
         out = fn()
     return out
+
+
+def warm_run(step, shapes, topo, progress: bool = False, packed: bool = False) -> dict:
+    """Every warm shape of a run through its real step, rank 0 first (it fills the caches)."""
+    if not shapes:
+        return {"seconds": 0.0, "per_shape": []}
+    vocab = int(step.target.vocab_size)
+    return warm_ranks(topo, lambda: warm(step, shapes, vocab, topo.drafter_device,
+                                         progress=progress and topo.is_main, packed=packed))

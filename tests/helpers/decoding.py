@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dflash.eval.decode import evaluate
+from dflash.decode import evaluate
 
 
 def speculative_generate(target, drafter, prompt, max_new_tokens: int):

@@ -4,7 +4,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dflash.config import DrafterConfig, TargetConfig
-from dflash.eval.decode import DrafterProposer, speculative_decode
+from dflash.decode import DrafterProposer, speculative_decode
 from tests.helpers.decoding import target_greedy
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.target import Target
@@ -102,7 +102,8 @@ def test_speed_times_plain_and_drafted_greedy_decoding_at_batch_one(tmp_path, ta
     the same tokens (greedy is lossless), tokens/s of each, and the speedup they give with
     an interval; the plain decoder is the target's own greedy continuation."""
     import json
-    from dflash.eval.speed import PlainProposer, measure_speed
+    from dflash.decode import PlainProposer
+    from dflash.eval.speed import measure_speed
     from dflash.model.checkpoint import save_drafter
     from tests.helpers.run import run_module
     prompts = _prompts(4)

@@ -54,7 +54,7 @@ def test_a_system_turn_the_template_refuses_is_one_line_naming_the_sample(tmp_pa
 def test_the_recipe_probe_measures_the_apps_rates_on_a_real_family(tmp_path):
     """The real-model recipe's estimate stage on a family target: the recipe's own apps
     on a few prompts give positive rates, and an estimate that prices them."""
-    from dflash.recipe_estimate import Estimate, probe
+    from dflash.recipe.estimate import Estimate, probe
     from tests.helpers.families import build_target
     from tests.helpers.run import run_module
     model = build_target("qwen3", tmp_path / "m")

@@ -111,7 +111,7 @@ def test_resume_auto_in_a_dir_of_another_run_is_refused_before_the_gpus_are_book
     and rerun in its dir is refused naming the key."""
     import json
     from dflash.config import compose
-    from dflash.resume_identity import identity
+    from dflash.run.identity import identity
     monkeypatch.chdir(tmp_path)
     base = "python -m dflash.train experiment=production topology=cpu data.path=d"
     a = check(parse(f"{base} model.target.path={models['Qwen3-8B']}"), World.parse("cpu"))

@@ -4,18 +4,19 @@ import pytest
 
 from dflash.comparison.stats import bootstrap_acceptance, first_crossing, interval, paired_verdict
 from dflash.comparison.table import group_rows, job_rows
+from dflash.run_summary import RunSummary
 
 
 def _summary(seed, final, curve, seconds, strategy="sorted", tok_s=1000.0):
-    return ({"shuffle": strategy, "seed": str(seed)},
-            {"seed": seed, "strategy": strategy, "train_seconds": seconds, "steps": 100,
+    return ({"shuffle": strategy, "seed": str(seed)}, RunSummary(**{
+             "seed": seed, "strategy": strategy, "train_seconds": seconds, "steps": 100,
              "real_tokens": 50_000, "initial_acceptance_length": 1.0, "acceptance_length": final,
              "tokens_per_second": tok_s, "padding_efficiency": 0.9, "length_mixing": 0.2,
              "pair_repeat_rate": 0.0, "final_loss": 1.0,
              "eval_curve": [{"train_seconds": t, "step": st, "real_tokens": 0,
                              "acceptance_length": a} for t, st, a in curve],
              "eval": {"after": {"per_prompt": [final - 0.1, final + 0.1, final],
-                                "per_prompt_steps": [10, 10, 20]}}})
+                                "per_prompt_steps": [10, 10, 20]}}}))
 
 
 def test_interval_is_a_t_interval_and_absent_for_one_seed():
@@ -68,7 +69,7 @@ def test_rows_group_seeds_and_judge_against_the_best():
 def test_the_per_job_table_shows_predicted_beside_measured_time():
     from dflash.comparison.report import format_markdown
     jobs = [_summary(s, 3.0, [(5.0, 50, 2.0)], 10.0 + s) for s in range(2)]
-    jobs[0][1]["predicted_train_seconds"] = 9.5  # a job run with cost=FILE
+    jobs[0][1].predicted_train_seconds = 9.5  # a job run with cost=FILE
     rows = job_rows(jobs)
     md = format_markdown(rows, group_rows(rows), None)
     assert "| 10.0 (9.5) |" in md and "| 11.0 |" in md

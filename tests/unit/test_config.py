@@ -104,3 +104,21 @@ def test_the_public_dflash_package_beside_this_one_is_named(monkeypatch):
     assert "'dflash' 0.1.0 (the public reference drafter" in line and "pip uninstall dflash" in line
     del found["dflash"]
     assert check_import_clash() is None
+
+
+def test_every_app_keeps_its_files_where_the_dirs_group_says(monkeypatch, tmp_path):
+    """dirs.cache: $DFLASH_CACHE, else .cache/dflash; the data cache and the recipe's
+    workdir follow it, and a run dir lives under dirs.outputs."""
+    from dflash.config import compose
+    from dflash.dirs import cache_root
+    monkeypatch.delenv("DFLASH_CACHE", raising=False)
+    assert compose("train").data.cache_dir == ".cache/dflash" == str(cache_root())
+    monkeypatch.setenv("DFLASH_CACHE", str(tmp_path))
+    assert compose("train").data.cache_dir == str(tmp_path) == str(cache_root())
+    e2e = compose("end_to_end", ["dirs.cache=/scratch/d"])
+    assert e2e.workdir == "/scratch/d/end_to_end/smollm2" and e2e.cache_dir == "/scratch/d"
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from dflash.config import CONF_DIR
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("plan", ["dirs.outputs=/runs"], return_hydra_config=True)
+        assert cfg.hydra.run.dir.startswith("/runs/")

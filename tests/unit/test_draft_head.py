@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from dflash.errors import DataError
-from dflash.eval.decode import DrafterProposer, TargetSession
+from dflash.decode import DrafterProposer, TargetSession
 from dflash.model.checkpoint import load_drafter, save_drafter
 from dflash.model.draft_head import save_draft_head
 from tests.helpers.decoding import speculative_generate, target_greedy

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from dflash.config import DrafterConfig, TargetConfig
 from dflash.errors import ConfigError, DataError
-from dflash.eval.decode import DrafterProposer, speculative_decode
+from dflash.decode import DrafterProposer, speculative_decode
 from dflash.model.checkpoint import check_compatible, load_drafter, save_drafter
 from dflash.model.draft_head import save_draft_head
 from dflash.model.draft_vocab import DraftVocab
@@ -238,7 +238,7 @@ def test_another_drafter_is_a_baseline_of_the_same_prompts(tmp_path, target):
                                               "draft-dspark", 16),
                                              (dict(sample_from_anchor=True), "draft-dspark", 16)])
 def test_llama_server_is_asked_for_the_mode_and_draft_count_the_export_states(target, kw, kind, drafts):
-    from dflash.eval.llama_cpp import dflash_args
+    from dflash.recipe.llama_cpp import dflash_args
     from dflash.model.checkpoint import drafter_config_dict
     cfg = drafter_config_dict(_drafter(target, **kw).spec)
     args = dflash_args("d.gguf", cfg, confidence_stop=0.6)
@@ -273,7 +273,7 @@ def test_calibration_counts_the_trials_the_streaks_imply(target):
 
 def test_regenerate_drafts_with_the_confidence_stop_it_is_given(target):
     from dflash.config import compose
-    from dflash.generation.local import LocalBackend
+    from dflash.decode.local import LocalBackend
     cfg = compose("regenerate", ["out=x.jsonl", "confidence_stop=0.5"])
     d = _drafter(target, markov_rank=8, confidence_head=True)
     backend = LocalBackend.from_config(cfg, target, [2], drafter=d)

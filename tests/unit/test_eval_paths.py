@@ -3,7 +3,7 @@ speculative decoding takes, known from the reply alone."""
 import numpy as np
 
 from dflash.data.format import DatasetWriter
-from dflash.eval.decode import (DrafterProposer, NgramProposer, PromptLookupProposer,
+from dflash.decode import (DrafterProposer, NgramProposer, PromptLookupProposer,
                                 speculative_decode)
 from dflash.eval.paths import compare_on_paths, decoder_steps, history_steps, replies
 from tests.helpers.models import random_prompts, tiny_drafter, tiny_target
@@ -27,12 +27,12 @@ def test_walking_a_greedy_reply_takes_the_steps_decoding_takes(tmp_path):
         assert decoder_steps(proposer, target, seqs, firsts) == dec.accept_lengths
     assert any(max(s) > 1 for s in dec.accept_lengths)  # drafts were accepted
     report = compare_on_paths(target, tiny_drafter(target), {"lookup": decoders[1]}, ds)
-    lookup = report["baselines"]["lookup"]
+    lookup = report.baselines["lookup"]
     got = speculative_decode(target, decoders[1], prompts, 24)
-    assert lookup["acceptance_length"] == sum(map(sum, got.accept_lengths)) / sum(
+    assert lookup.acceptance_length == sum(map(sum, got.accept_lengths)) / sum(
         map(len, got.accept_lengths))
-    d = lookup["drafter_minus_this"]
-    assert d["lo"] <= d["difference"] <= d["hi"] and report["replies"] == 6
+    d = lookup.drafter_minus_this
+    assert d.lo <= d.difference <= d.hi and report.replies == 6
 
 
 def test_a_step_emits_the_anchor_and_its_matching_drafts_clamped_at_the_end():

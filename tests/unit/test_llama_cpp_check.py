@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from dflash.errors import ConfigError
-from dflash.eval.llama_cpp import check, format_check, llama_cpp_tree, pooled
+from dflash.recipe.llama_cpp import ServingCheck, check, format_check, llama_cpp_tree, pooled
+from dflash.eval.report import EvalReport
 
 SERVER = r'''
 import json, sys
@@ -51,9 +52,10 @@ def test_the_check_converts_serves_and_compares_prompt_by_prompt(
     # dflash's report: prompt 1 took 8 steps for 10 tokens (2 drafts accepted, 1 of them
     # in its final step), prompt 2 5 steps for 5; llama.cpp answers prompt 1 alike
     # (counting 2, 1 or 0 accepted drafts) and prompt 2 with other tokens
-    report = {"prompt_ids": [[1, 9], [2, 9]], "tokens": [list(range(10)), [5, 5, 5, 5, 5]],
-              "per_prompt": [10 / 8, 1.0], "per_prompt_steps": [8, 5],
-              "per_prompt_last_step_accepted": [1, 0]}
+    report = EvalReport.from_json(
+        {"drafter": "d", "prompt_ids": [[1, 9], [2, 9]], "tokens": [list(range(10)), [5, 5, 5, 5, 5]],
+         "per_prompt": [10 / 8, 1.0], "per_prompt_steps": [8, 5],
+         "per_prompt_last_step_accepted": [1, 0]})
     tree = _tree(tmp_path, {"1": {"tokens": list(range(10)), "steps": 8, "accepted": llama_accepted},
                             "2": {"tokens": [5, 5, 6, 6, 6], "steps": 4, "accepted": 1}})
     drafter = tmp_path / "drafter"
@@ -61,12 +63,14 @@ def test_the_check_converts_serves_and_compares_prompt_by_prompt(
     (drafter / "config.json").write_text(json.dumps({"dflash_config": {"block_size": 8}}))
     out = check(llama_cpp_tree(str(tree)), tmp_path / "target", drafter, report, tmp_path / "gguf",
                 threads=1, timeout=60)
-    assert out["prompts"] == 2 and out["equal_tokens"] == 1 and out["block_size"] == 8
-    assert out["dflash"] == pytest.approx(15 / 13)
-    assert out["llama_cpp"] == pytest.approx(15 / (15 - llama_accepted - 1))
-    assert out["equal_prompts"] == {"llama_cpp": 10 / (10 - llama_accepted), "dflash": 10 / 8,
-                                    "same_accepted_per_prompt": llama_accepted == 2,
-                                    "differences_only_in_final_step": within_final_step}
+    assert out.prompts == 2 and out.equal_tokens == 1 and out.block_size == 8
+    assert out.dflash == pytest.approx(15 / 13)
+    assert out.llama_cpp == pytest.approx(15 / (15 - llama_accepted - 1))
+    assert out.to_json()["equal_prompts"] == {
+        "llama_cpp": 10 / (10 - llama_accepted), "dflash": 10 / 8,
+        "same_accepted_per_prompt": llama_accepted == 2,
+        "differences_only_in_final_step": within_final_step}
+    assert ServingCheck.from_json(json.loads(json.dumps(out.to_json()))) == out
     said = format_check(out)
     assert ("within the final verify step" in said) == (llama_accepted != 2)
     # the drafter converted with the target's vocabulary, both to f32

@@ -215,11 +215,10 @@ def test_a_fresh_drafter_starts_at_the_uniform_loss_and_learns(tmp_path, family)
     at 1 (the default) a tied LM head scores the block's own input embedding (the mask
     token) far above the truth. One AdamW step later the loss falls."""
     import math
-    from types import SimpleNamespace
     from transformers import LlamaConfig, LlamaForCausalLM
     from dflash.config import compose
     from dflash.model.loss import Objective, drafter_loss
-    from dflash.trainer import Trainer
+    from dflash.model.build import build_drafter
     from tests.helpers.models import tiny_target
     target = tiny_target()
     if family == "llama-tied":
@@ -235,10 +234,7 @@ def test_a_fresh_drafter_starts_at_the_uniform_loss_and_learns(tmp_path, family)
     ctx = target.context(ids, valid.long())
 
     def first_loss(*overrides):
-        t = Trainer(compose("train", list(overrides)), tmp_path)
-        t.target, t.topo = target, SimpleNamespace(drafter_device=torch.device("cpu"))
-        t.sources = SimpleNamespace(mask_token_id=511)
-        d = t.build_drafter()
+        d = build_drafter(compose("train", list(overrides)), target, 511, torch.device("cpu"))
         opt = torch.optim.AdamW(d.parameters(), lr=3e-3)
         losses = []
         for _ in range(3):

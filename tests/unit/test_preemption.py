@@ -9,7 +9,7 @@ import torch
 
 from dflash.preemption import (Preempted, SignalStop, StopSignals, signal_received,
                                training_started)
-from dflash.rerun import continue_command
+from dflash.run.stop import continue_command
 from dflash.topology import Topology
 
 CPU = torch.device("cpu")

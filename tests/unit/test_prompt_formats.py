@@ -67,7 +67,7 @@ def test_regenerate_reads_benchmark_files_as_prompt_only_conversations(tmp_path)
 
 def test_the_prompt_set_is_seeded_mixed_checkable_and_regenerate_reads_it(tmp_path):
     import re
-    from dflash.data.prompt_gen import prompt_set, write_prompts
+    from dflash.recipe.prompt_gen import prompt_set, write_prompts
     path = write_prompts(25, tmp_path / "p.jsonl", seed=3)
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     assert rows == prompt_set(25, 3) != prompt_set(25, 4)
@@ -93,7 +93,7 @@ def test_the_prompt_set_is_seeded_mixed_checkable_and_regenerate_reads_it(tmp_pa
 
 
 def test_the_generator_cli_writes_a_split_and_refuses_an_unknown_one(tmp_path, capsys):
-    from dflash.data.prompt_gen import main, prompt_set, subjects
+    from dflash.recipe.prompt_gen import main, prompt_set, subjects
     main(["--n", "10", "--out", str(tmp_path / "h.jsonl"), "--split", "heldout"])
     rows = [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
     assert rows == prompt_set(10, 0, split="heldout") != prompt_set(10, 0, split="train")
@@ -106,7 +106,7 @@ def test_a_prompt_set_repeats_no_prompt_and_a_kind_that_runs_out_gives_way():
     1,000 of each kind, more than its code tasks hold: arithmetic takes the rest,
     still distinct."""
     from collections import Counter
-    from dflash.data.prompt_gen import prompt_set
+    from dflash.recipe.prompt_gen import prompt_set
     rows = prompt_set(5000, 0, split="train")
     texts = [r["messages"][0]["content"] for r in rows]
     assert len(set(texts)) == 5000

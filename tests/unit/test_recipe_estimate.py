@@ -2,7 +2,7 @@
 counts scaled to a budget, never below what trains anything."""
 import pytest
 
-from dflash.recipe_estimate import MIN_PROMPTS, Estimate
+from dflash.recipe.estimate import MIN_PROMPTS, Estimate
 
 
 def _est(prompts=1200, paths=480):

@@ -6,7 +6,8 @@ import torch
 from omegaconf import OmegaConf
 
 from dflash.config import TargetConfig
-from dflash.generation.local import LocalBackend
+from dflash.decode.backend import Sampling
+from dflash.decode.local import Compiled, LocalBackend, greedy_proposer
 from dflash.model.target import Target
 
 PROMPTS = [[5, 9, 11, 40], [7, 7, 8, 100, 101, 102, 3], [50]]
@@ -19,16 +20,16 @@ def target():
 
 def _ids(backend, batch=0):
     with torch.no_grad():
-        return [o["ids"] for o in backend.generate(PROMPTS, batch)]
+        return [o["ids"] for o in backend.decode_ids(PROMPTS, batch)]
 
 
 def test_sampling_is_seeded_per_batch_and_top_p_near_zero_is_greedy(target):
-    sample = LocalBackend(target, [], temperature=1.0, max_new_tokens=12, seed=3)
+    sample = LocalBackend(target, [], Sampling(temperature=1.0, max_new_tokens=12, seed=3))
     first = _ids(sample, 0)
     assert _ids(sample, 0) == first and _ids(sample, 1) != first
-    assert _ids(LocalBackend(target, [], temperature=1.0, max_new_tokens=12, seed=4), 0) != first
-    greedy = _ids(LocalBackend(target, [], max_new_tokens=12))
-    assert _ids(LocalBackend(target, [], temperature=1.0, top_p=1e-9, max_new_tokens=12)) == greedy
+    assert _ids(LocalBackend(target, [], Sampling(temperature=1.0, max_new_tokens=12, seed=4)), 0) != first
+    greedy = _ids(LocalBackend(target, [], Sampling(max_new_tokens=12)))
+    assert _ids(LocalBackend(target, [], Sampling(temperature=1.0, top_p=1e-9, max_new_tokens=12))) == greedy
     assert all(len(row) == 12 for row in first)  # no stop token: every row runs to the cap
 
 
@@ -38,10 +39,11 @@ def test_the_compiled_static_cache_path_writes_the_eager_paths_tokens(target):
     counters.clear()
     try:
         for temperature in (0.0, 1.0):
-            eager = LocalBackend(target, [], temperature=temperature, max_new_tokens=12, seed=3)
+            sampling = Sampling(temperature=temperature, max_new_tokens=12, seed=3)
+            eager = LocalBackend(target, [], sampling)
             # eager backend: dynamo's graphs over the static cache, no code generation
-            compiled = LocalBackend(target, [], temperature=temperature, max_new_tokens=12,
-                                    seed=3, compile_backend="eager", pad_to_multiple=16)
+            compiled = LocalBackend(target, [], sampling,
+                                    compiled=Compiled("eager", pad_to_multiple=16))
             assert _ids(compiled, 2) == _ids(eager, 2), temperature
         assert counters["stats"]["unique_graphs"] >= 1  # the decode step ran compiled
     finally:
@@ -51,17 +53,18 @@ def test_the_compiled_static_cache_path_writes_the_eager_paths_tokens(target):
 def test_every_greedy_decoding_writes_the_targets_greedy_tokens(target):
     """plain, lookup and auto (which switches between them mid-batch) are all the
     target's own greedy decoding: equal to HF generate's."""
-    hf = LocalBackend(target, [], max_new_tokens=12)
+    hf = LocalBackend(target, [], Sampling(max_new_tokens=12))
     with torch.no_grad():
         ref = [hf._finish(list(map(int, t)))["ids"] for t in hf._hf_generate(PROMPTS, 0, False)]
     for decoding in ("plain", "lookup", "auto"):
-        backend = LocalBackend(target, [], max_new_tokens=12, decoding=decoding)
+        backend = LocalBackend(target, [], Sampling(max_new_tokens=12),
+                               greedy_proposer(target, decoding=decoding))
         assert _ids(backend) == ref, decoding
         assert backend.decoding.startswith(decoding)
 
 
 def test_auto_runs_whichever_block_size_measures_faster():
-    from dflash.generation.adaptive import AdaptiveProposer
+    from dflash.decode.adaptive import AdaptiveProposer
 
     class Lookup:
         block_size = 4

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from dflash.errors import DataError
-from dflash.eval.decode import PromptLookupProposer
+from dflash.decode import PromptLookupProposer
 from dflash.generation.requests import (num_rounds, output_record, read_conversations,
                                         requests_for_round, split_reasoning)
 

@@ -5,7 +5,7 @@ from dflash.run_summary import FIELDS, check_summary
 
 
 def test_a_summary_holds_only_declared_fields(tmp_path):
-    from dflash.run_dir import write_summary
+    from dflash.run.dir import write_summary
     write_summary(tmp_path, {"steps": 3, "final_loss": 1.5, "model": {}})
     assert (tmp_path / "summary.json").exists()
     with pytest.raises(KeyError, match="stepz"):

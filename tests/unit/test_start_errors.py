@@ -21,7 +21,7 @@ def test_an_epoch_with_no_batches_names_the_likely_settings():
 
 
 def test_prompt_generation_that_runs_out_is_one_line(tmp_path, monkeypatch, capsys):
-    from dflash.data import prompt_gen
+    from dflash.recipe import prompt_gen
     monkeypatch.setattr(prompt_gen, "_draw", lambda kind, rng, pools: ("the same prompt", None))
     with pytest.raises(SystemExit) as e:
         prompt_gen.main(["--n", "2", "--out", str(tmp_path / "p.jsonl")])

@@ -1,4 +1,6 @@
 """The training step: mixed precision and no host synchronisation."""
+import math
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -113,6 +115,17 @@ def test_warmup_cosine_schedule(total, ratio):
     assert all(0 <= x <= 1 for x in lrs)
 
 
+def test_the_world_targets_schedule_ramps_and_decays_at_once():
+    """decay_during_warmup (the world target's fit): the warmup ramp scales a cosine over
+    every step, instead of the cosine starting after the ramp."""
+    lrs = [warmup_cosine(s, 300, 0.0, warmup_steps=30, decay_during_warmup=True)
+           for s in range(300)]
+    assert lrs[0] == pytest.approx(1 / 30 * 1.0) and lrs[29] < 1.0  # decayed while ramping
+    assert lrs[9] == pytest.approx(10 / 30 * 0.5 * (1 + math.cos(math.pi * 9 / 300)))
+    assert lrs[-1] < 1e-3 and all(a >= b for a, b in zip(lrs[30:], lrs[31:]))
+    assert warmup_cosine(29, 300, 0.0, warmup_steps=30) == 1.0  # the other rule: ramp, then cosine
+
+
 def test_the_emulated_bf16_warning_names_what_to_set_for_the_keys_given(monkeypatch):
     from dflash import step as step_mod
     monkeypatch.setattr(step_mod, "emulated_bf16", lambda device: True)
@@ -127,9 +140,9 @@ def test_the_emulated_bf16_warning_names_what_to_set_for_the_keys_given(monkeypa
     assert step_mod.emulated_bf16_warning(["model.autocast"], cpu) is None
 
 
-def _micro_rows_equal_whole_batch(kind, make_drafter):
+def _micro_rows_equal_whole_batch(kind, make_drafter, rtol: float = 1e-5, w_atol: float = 1e-6):
     """Two steps of the whole batch and of micro rows of 2, from the same drafter: the
-    same loss, logged figures and weights."""
+    same loss, logged figures and weights (to `rtol` of the figures, `w_atol` of a weight)."""
     target = Target.from_config(OmegaConf.structured(TargetConfig()))
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, 500, (5, 40), generator=g)
@@ -155,9 +168,9 @@ def _micro_rows_equal_whole_batch(kind, make_drafter):
     (whole, w_whole), (micro, w_micro) = runs
     for a, b in zip(whole, micro):
         for key in ("loss", "accept_est", "acc", "grad_norm", "rows"):
-            assert torch.allclose(a[key].float(), b[key].float(), atol=1e-5), key
+            assert torch.allclose(a[key].float(), b[key].float(), rtol=rtol, atol=1e-5), key
     for k in w_whole:
-        assert torch.allclose(w_whole[k], w_micro[k], atol=1e-6), k
+        assert torch.allclose(w_whole[k], w_micro[k], atol=w_atol), k
 
 
 @pytest.mark.parametrize("kind", ["ce", "kl"])
@@ -190,4 +203,7 @@ def test_micro_rows_take_the_same_dspark_step_as_the_whole_batch():
             DrafterConfig(markov_rank=8, confidence_head=True))))
         torch.nn.init.normal_(drafter.markov_head.markov_w2.weight, std=0.5)  # (zero at init)
         return drafter
-    _micro_rows_equal_whole_batch("dspark", dspark)
+    # slice by slice the gradients sum in another order: on an AVX2-only CPU the gradient
+    # norm came 3.4e-5 apart relatively and a weight 7.3e-6 after two steps at lr 0.5
+    # (on AVX512-BF16 within 1e-5 and 1e-6)
+    _micro_rows_equal_whole_batch("dspark", dspark, rtol=1e-4, w_atol=2e-5)

@@ -1,4 +1,4 @@
-"""The words the prompt generator (`dflash.data.prompt_gen`) fills its templates with.
+"""The words the prompt generator (`dflash.recipe.prompt_gen`) fills its templates with.
 
 Subjects come in families, most of them composed from parts (a sentence to rewrite is a
 who, a deed and a when; a list is ways to reach a goal, or things from a country), so a

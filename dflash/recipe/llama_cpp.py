@@ -12,6 +12,7 @@ drafts plus one token of the target's own).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -19,9 +20,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
-from dflash.errors import ConfigError
+from dflash.errors import ConfigError, ToolError
+from dflash.eval.report import EvalReport
 
 
 def llama_cpp_tree(setting: str | None, key: str = "llama_cpp") -> Path | None:
@@ -55,7 +59,7 @@ def to_gguf(tree: Path, src: Path, out: Path, target: Path | None = None) -> Pat
                           env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True)
     if proc.returncode:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise ConfigError(f"llama.cpp's convert_hf_to_gguf.py failed on {src}: {tail[0]}")
+        raise ToolError(f"llama.cpp's convert_hf_to_gguf.py failed on {src}: {tail[0]}")
     made_from.write_text(source)
     return out
 
@@ -70,7 +74,7 @@ def _ready(port: int, proc: subprocess.Popen, timeout: float) -> None:
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
-            raise ConfigError(f"llama-server exited with status {proc.returncode} before it "
+            raise ToolError(f"llama-server exited with status {proc.returncode} before it "
                               "was ready (its log is beside the GGUF files)")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
@@ -78,7 +82,7 @@ def _ready(port: int, proc: subprocess.Popen, timeout: float) -> None:
                     return
         except OSError:
             time.sleep(0.3)
-    raise ConfigError(f"llama-server was not ready after {timeout:.0f} s")
+    raise ToolError(f"llama-server was not ready after {timeout:.0f} s")
 
 
 @contextlib.contextmanager
@@ -145,54 +149,92 @@ def pooled(tokens: int, accepted: int) -> float:
     return tokens / max(tokens - accepted, 1)
 
 
-def check(tree: Path, target: Path, drafter: Path, report: dict, out: Path,
-          threads: int | None = None, timeout: float = 300) -> dict:
+@dataclass
+class EngineAcceptance:
+    llama_cpp: float  # pooled acceptance length llama-server reported
+    dflash: float  # dflash's on the same prompts
+
+
+@dataclass
+class EqualPrompts(EngineAcceptance):
+    same_accepted_per_prompt: bool = False
+    # the engines may count the step that reaches the token cap or EOS differently: when
+    # this holds, the totals are consistent with every earlier step agreeing (the server
+    # reports totals, not steps); None: the eval report has no last-step counts
+    differences_only_in_final_step: Optional[bool] = None
+
+
+@dataclass
+class ServingCheck:
+    """llama.cpp serving a drafter against dflash's decoding of the same prompts."""
+    prompts: int
+    equal_tokens: int  # prompts whose tokens llama.cpp decoded equal to dflash's
+    block_size: int
+    spec_type: str  # draft-dflash | draft-dspark
+    llama_cpp: float
+    dflash: float
+    equal_prompts: EqualPrompts
+    # llama-server's counts, dflash's beside, prompt by prompt (None: left in its own file)
+    per_prompt: Optional[list] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        if self.per_prompt is None:
+            del out["per_prompt"]
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ServingCheck":
+        out = cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
+        out.equal_prompts = EqualPrompts(**d["equal_prompts"])
+        out.spec_type = d.get("spec_type", "draft-dflash")
+        return out
+
+
+def check(tree: Path, target: Path, drafter: Path, report: EvalReport, out: Path,
+          threads: int | None = None, timeout: float = 300) -> ServingCheck:
     """Serve `drafter` for `target` in llama.cpp and decode `report`'s prompts (a dflash
-    eval report: prompt_ids, tokens, per_prompt, per_prompt_steps, and the confidence
-    stop it decoded with), greedy."""
+    eval report: prompt_ids, tokens, per-prompt steps, and the confidence stop it decoded
+    with), greedy."""
     config = json.loads((drafter / "config.json").read_text())
     block = int(config["dflash_config"]["block_size"])
     kind, _ = drafter_kind(config)
     out.mkdir(parents=True, exist_ok=True)
     target_gguf = to_gguf(tree, target, out / "target.gguf")
     drafter_gguf = to_gguf(tree, drafter, out / "drafter.gguf", target=target)
-    args = dflash_args(drafter_gguf, config, float(report.get("confidence_stop") or 0.0))
+    args = dflash_args(drafter_gguf, config, float(report.confidence_stop or 0.0))
+    last = report.per_prompt_last_step_accepted or [None] * len(report.tokens)
     with serving(tree, target_gguf, args, out / "server.log", threads, timeout=timeout) as port:
         rows = []
-        last = report.get("per_prompt_last_step_accepted", [None] * len(report["tokens"]))
-        for ids, ours, steps, fin in zip(report["prompt_ids"], report["tokens"],
-                                         report["per_prompt_steps"], last):
+        for ids, ours, steps, fin in zip(report.prompt_ids, report.tokens,
+                                         report.per_prompt_steps, last):
             got = _complete(port, [int(x) for x in ids], len(ours))
             rows.append({**got, "n": len(got["tokens"]), "equal": got["tokens"] == list(ours),
                          "dflash_tokens": len(ours), "dflash_accepted": len(ours) - int(steps),
                          "dflash_last_step_accepted": fin})
     same = [r for r in rows if r["equal"]]
 
-    def engines(rs) -> dict:
-        return {"llama_cpp": pooled(sum(r["n"] for r in rs), sum(r["accepted"] for r in rs)),
-                "dflash": pooled(sum(r["dflash_tokens"] for r in rs),
-                                 sum(r["dflash_accepted"] for r in rs))}
-    return {"prompts": len(rows), "equal_tokens": len(same), "block_size": block,
-            "spec_type": kind, **engines(rows),
-            "equal_prompts": {**engines(same), "same_accepted_per_prompt": all(
-                r["accepted"] == r["dflash_accepted"] for r in same),
-                # the engines may count the step that reaches the token cap or EOS
-                # differently: when this holds, the totals are consistent with every
-                # earlier step agreeing (the server reports totals, not steps)
-                "differences_only_in_final_step": None if None in last else all(
-                    r["dflash_accepted"] - r["dflash_last_step_accepted"] <= r["accepted"]
-                    <= r["dflash_accepted"] for r in same)},
-            "per_prompt": rows}
+    def engines(rs) -> EngineAcceptance:
+        return EngineAcceptance(pooled(sum(r["n"] for r in rs), sum(r["accepted"] for r in rs)),
+                                pooled(sum(r["dflash_tokens"] for r in rs),
+                                       sum(r["dflash_accepted"] for r in rs)))
+    every, eq = engines(rows), engines(same)
+    final = None if None in last else all(
+        r["dflash_accepted"] - r["dflash_last_step_accepted"] <= r["accepted"]
+        <= r["dflash_accepted"] for r in same)
+    return ServingCheck(len(rows), len(same), block, kind, every.llama_cpp, every.dflash,
+                        EqualPrompts(eq.llama_cpp, eq.dflash, all(
+                            r["accepted"] == r["dflash_accepted"] for r in same), final), rows)
 
 
-def format_check(c: dict) -> str:
-    e = c["equal_prompts"]
-    return (f"llama.cpp ({c.get('spec_type', 'draft-dflash')}, block {c['block_size']}): {c['equal_tokens']}/{c['prompts']} "
-            f"held-out prompts decode dflash's tokens; acceptance llama.cpp {c['llama_cpp']:.3f}, "
-            f"dflash {c['dflash']:.3f}" + (
-                f"; on the equal prompts {e['llama_cpp']:.3f} against {e['dflash']:.3f}, "
-                f"accepted drafts equal prompt by prompt: {e['same_accepted_per_prompt']}"
-                + ("" if e["same_accepted_per_prompt"] or e["differences_only_in_final_step"]
+def format_check(c: ServingCheck) -> str:
+    e = c.equal_prompts
+    return (f"llama.cpp ({c.spec_type}, block {c.block_size}): {c.equal_tokens}/{c.prompts} "
+            f"held-out prompts decode dflash's tokens; acceptance llama.cpp {c.llama_cpp:.3f}, "
+            f"dflash {c.dflash:.3f}" + (
+                f"; on the equal prompts {e.llama_cpp:.3f} against {e.dflash:.3f}, "
+                f"accepted drafts equal prompt by prompt: {e.same_accepted_per_prompt}"
+                + ("" if e.same_accepted_per_prompt or e.differences_only_in_final_step
                    is None else "; every difference within the final verify step: "
-                   f"{e['differences_only_in_final_step']}")
-                if c["equal_tokens"] else ""))
+                   f"{e.differences_only_in_final_step}")
+                if c.equal_tokens else ""))

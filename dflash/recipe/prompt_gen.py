@@ -1,6 +1,6 @@
 """A prompt set for on-policy data: chat prompts a target answers, no download needed.
 
-    python -m dflash.data.prompt_gen --n 400 --out prompts.jsonl [--seed 0] [--split train]
+    python -m dflash.recipe.prompt_gen --n 400 --out prompts.jsonl [--seed 0] [--split train]
 
 Five kinds, drawn in turn, each from templates filled with seeded choices: arithmetic
 word problems (with the answer, so replies can be checked), rewriting a sentence,
@@ -29,7 +29,7 @@ import json
 import random
 from pathlib import Path
 
-from dflash.data import prompt_words as W
+from dflash.recipe import prompt_words as W
 from dflash.errors import DataError, user_errors_exit
 
 KINDS = ("arithmetic", "rewrite", "list", "explain", "code")

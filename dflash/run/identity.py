@@ -130,3 +130,18 @@ def check_run_dir(cfg, out_dir: Path) -> None:
 def write(out_dir: Path, cfg) -> None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / "identity.json").write_text(json.dumps(identity(cfg), indent=1, default=str))
+
+
+def checkpointer(cfg, out_dir: Path, topo, train_step):
+    """The run's Checkpointer: every checkpoint carries this run's identity, and a resume
+    refuses another run's checkpoint before its weights load. Rank 0 records the identity
+    in the run dir, for a later resume=auto there."""
+    from dflash.resume import Checkpointer, plan_hash
+    ident, force = identity(cfg), bool(cfg.checkpoint.force_resume)
+    if topo.is_main:
+        write(out_dir, cfg)
+    return Checkpointer(out_dir, cfg.checkpoint, cfg.resume, plan_hash(cfg), topo,
+                        drafter=train_step.drafter, optimizer=train_step.optimizer,
+                        scheduler=train_step.scheduler, generator=train_step.generator,
+                        identity=ident, verify=lambda meta, path: check(
+                            meta.get("identity"), ident, str(path), force))

@@ -30,10 +30,12 @@ def packaged_gguf(package: str = SMOLLM2[0], name: str = SMOLLM2[1]) -> tuple[Pa
     return src, name
 
 
-def smollm2_dir(cache_dir: str | Path = ".cache/dflash", convert: bool = True) -> Path:
+def smollm2_dir(cache_dir: str | Path | None = None, convert: bool = True) -> Path:
     """SmolLM2-135M-Instruct's HF directory under `cache_dir`, converted from the
-    packaged GGUF the first time (`convert=False`: only where it is, or will be)."""
-    out = Path(cache_dir) / "smollm2-135m-instruct"
+    packaged GGUF the first time (`convert=False`: only where it is, or will be).
+    `cache_dir` None: the cache root (dflash.dirs)."""
+    from dflash.dirs import cache_root
+    out = Path(cache_root() if cache_dir is None else cache_dir) / "smollm2-135m-instruct"
     return convert_gguf(*packaged_gguf(), out) if convert else out
 
 

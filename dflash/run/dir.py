@@ -69,3 +69,17 @@ def finite(obj):
     if isinstance(obj, list):
         return [finite(v) for v in obj]
     return obj
+
+
+def to_log_file(text: str) -> None:
+    """`text` into the run's log file (Hydra's `train.log`, which holds the run's logged
+    warnings and notes) too, without printing it twice on the console."""
+    import logging
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler) and h.stream is not None:
+            h.acquire()
+            try:
+                h.stream.write(text + "\n")
+                h.flush()
+            finally:
+                h.release()

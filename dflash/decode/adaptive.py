@@ -14,8 +14,10 @@ decoding whichever size runs.
 """
 from __future__ import annotations
 
+from dflash.decode.proposer import TokenProposer
 
-class AdaptiveProposer:
+
+class AdaptiveProposer(TokenProposer):
     """Wraps a token-id proposer (`drafts(session, current)` -> [B, k-1]); each step
     drafts either nothing (plain decoding) or the inner proposer's block."""
 
@@ -61,6 +63,10 @@ class AdaptiveProposer:
         self.rate[k] = r if self.rate[k] is None else \
             (1 - self.smoothing) * self.rate[k] + self.smoothing * r
         self.steps[k] += 1
+
+    @property
+    def name(self) -> str:
+        return f"auto ({self.choice})"
 
     @property
     def choice(self) -> str:

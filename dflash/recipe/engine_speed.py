@@ -1,7 +1,7 @@
 """What a drafter buys in a serving engine: llama-server's greedy decoding speed with each
 speculation mode, against no speculation and against the engine's own free n-gram modes.
 
-    python -m dflash.eval.engine_speed --llama-cpp DIR --target HF_DIR --prompts FILE \
+    python -m dflash.recipe.engine_speed --llama-cpp DIR --target HF_DIR --prompts FILE \
         --drafter NAME=DIR [--drafter NAME=DIR ...] [--concurrency 1 4] [--max-new-tokens 64]
 
 Every mode decodes every prompt (token ids: a dflash eval report's `prompt_ids`, or a
@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dflash.errors import DataError, user_errors_exit
-from dflash.eval.llama_cpp import _complete, dflash_args, llama_cpp_tree, serving, to_gguf
+from dflash.dirs import cache_root
+from dflash.recipe.llama_cpp import _complete, dflash_args, llama_cpp_tree, serving, to_gguf
 from dflash.eval.speed import ratio_interval
 
 NGRAM_MODES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache")
@@ -104,7 +105,7 @@ def format_table(r: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m dflash.eval.engine_speed",
+    ap = argparse.ArgumentParser(prog="python -m dflash.recipe.engine_speed",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp", required=True, help="a built llama.cpp tree (make llama-cpp)")
     ap.add_argument("--target", required=True, type=Path, help="the target's HF directory")
@@ -117,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ngram", nargs="*", default=list(NGRAM_MODES))
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=Path("engine_speed.json"))
-    ap.add_argument("--work", type=Path, default=Path(".cache/dflash/engine_speed"))
+    ap.add_argument("--work", type=Path, default=cache_root() / "engine_speed")
     return ap
 
 
