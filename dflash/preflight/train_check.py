@@ -100,8 +100,8 @@ def _train_lengths(cfg, session: Session, rep: Report, vocab: int, mask: int):
 def _shapes(cfg, lengths, place: Placement, rep: Report) -> list:
     """The shapes one step may run at, largest first: from the warm set where the data is
     here, else the envelope the batching limits allow."""
-    from dflash.batching.distributed import shard
-    from dflash.batching.packed_rows import anchor_slots_per_row
+    from dflash.batching.packed_rows import anchor_slots
+    from dflash.batching.run_length import RunLength
     from dflash.batching.strategies import planner_for
     from dflash.warmup.shapes import build_shape_plan
     anchors = int(cfg.model.drafter.num_anchors)
@@ -117,12 +117,10 @@ def _shapes(cfg, lengths, place: Placement, rep: Report) -> list:
     _, planner = planner_for(cfg, lengths)
     epochs = max(1, int(cfg.epochs))
     plans = [planner.epoch(e) for e in range(epochs)]
-    mine = shard(plans[0], 0, place.world_size, choice(b.remainder), bool(b.balance_steps),
-                 float(b.attention_cost), int(cfg.seed))  # rank 0's first epoch
+    # rank 0's first epoch, as the run deals it
+    mine = RunLength(planner, 0, place.world_size, b, int(cfg.seed)).shard(0)
     steps = mine.num_batches
-    if planner.packs_rows:
-        anchors = anchor_slots_per_row(lengths, anchors, planner.spec.row_len,
-                                       int(b.anchors_per_row))
+    anchors = anchor_slots(planner, anchors, int(b.anchors_per_row))
     compiles = place.gpu or choice(cfg.model.compile) != "off"
     plan = build_shape_plan(plans, cfg.warmup, anchors, compiles)
     run = sorted({plan.run_shape(bs, s) for bs, s in zip(plan.shapes.batch_size.tolist(),
