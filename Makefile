@@ -63,9 +63,9 @@ train-real: $(REAL_STAMP)
 test: $(STAMP) $(SPECFORGE)
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile $(ARGS)
 
-# the pure unit tests (tests/unit, nothing marked slow): under a minute
+# the pure unit tests (tests/unit, nothing marked slow), one worker a core (at most 4)
 test-fast: $(STAMP) $(SPECFORGE)
-	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest tests/unit -m "not slow" $(ARGS)
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest tests/unit -m "not slow" -n auto --maxprocesses 4 $(ARGS)
 
 DOCS_STAMP := $(VENV)/.docs-installed
 $(DOCS_STAMP): $(STAMP)

@@ -17,7 +17,7 @@ REAL=${REAL:-.cache/dflash/end_to_end/smollm2}  # `make train-real`'s workdir
 SMOLLM2=${SMOLLM2:-.cache/dflash/smollm2-135m-instruct}
 
 QUICK=(default_run bench_loss bench_plan bench_block_weights bench_block_mask tp_memory
-       bench_preflight_memory preflight_docs derived_drafters tested_models)
+       bench_preflight_memory preflight_docs derived_drafters tested_models code_shape)
 SLOW=(bench_buckets bench_train bench_pipeline bench_objectives bench_layouts bench_step_cost
       bench_cpu_speed bench_gloo_exit bench_regenerate compare_shuffles compare_objectives
       compare_layouts train_real bench_first_loss bench_regenerate_real bench_real_step
@@ -48,7 +48,7 @@ command_of() {  # the command behind one named figure
             "model.drafter.norm_lr_scale=\$S hydra.run.dir=$OUT/norm_init-\$X-\$S >/dev/null;" \
             "echo \$X \$S \$(grep -o '\"loss\": [0-9.]*' $OUT/norm_init-\$X-\$S/metrics.jsonl |" \
             "sed -n '1p;\$p' | cut -d' ' -f2); done" ;;
-        bench_*|tp_memory|preflight_docs|derived_drafters|tested_models) echo "$PY benchmarks/$1.py" ;;
+        bench_*|tp_memory|preflight_docs|derived_drafters|tested_models|code_shape) echo "$PY benchmarks/$1.py" ;;
         *) echo "unknown figure $1 (bash benchmarks/figures.sh --list)" >&2; return 1 ;;
     esac
 }
