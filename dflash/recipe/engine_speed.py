@@ -24,10 +24,13 @@ import os
 import platform
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from dflash.errors import DataError, user_errors_exit
 from dflash.dirs import cache_root
+from dflash.eval.report import to_json
 from dflash.recipe.llama_cpp import _complete, dflash_args, llama_cpp_tree, serving, to_gguf
 from dflash.eval.speed import ratio_interval
 
@@ -42,23 +45,62 @@ def decode_all(port: int, prompts: list, n: int, concurrency: int) -> list:
         return list(pool.map(lambda p: _complete(port, p, n), prompts))
 
 
-def summarize(rows: list, base: list | None) -> dict:
-    tok = [r["predicted_n"] for r in rows]
-    sec = [r["predicted_ms"] / 1000 for r in rows]
-    out = {"tokens_per_second": sum(tok) / max(sum(sec), 1e-9),
-           "acceptance_length": sum(tok) / max(sum(tok) - sum(r["accepted"] for r in rows), 1),
-           "drafted": sum(r["drafted"] for r in rows), "accepted": sum(r["accepted"] for r in rows),
-           "per_prompt_tokens_per_second": [a / max(b, 1e-9) for a, b in zip(tok, sec)]}
+@dataclass
+class ModeSpeed:
+    """One serving mode's decoding over every prompt, from the engine's own timings."""
+    tokens_per_second: float  # total tokens / total decode seconds
+    acceptance_length: float  # tokens per verify step
+    drafted: int
+    accepted: int
+    per_prompt_tokens_per_second: list
+    speedup: Optional[dict] = None  # over no speculation: value, lo, hi (paired 95%)
+    outputs_equal: Optional[int] = None  # prompts whose tokens equal no speculation's
+    OMIT_NONE = ("speedup", "outputs_equal")
+
+
+@dataclass
+class SpeedRun:
+    concurrency: int
+    modes: dict  # name -> ModeSpeed, "none" first (the base)
+    best_ngram: Optional[str]
+
+
+@dataclass
+class SpeedReport:
+    machine: str
+    threads: int
+    prompts: int
+    max_new_tokens: int
+    runs: list  # SpeedRun per concurrency
+
+    def to_json(self) -> dict:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SpeedReport":
+        runs = [SpeedRun(r["concurrency"], {k: ModeSpeed(**m) for k, m in r["modes"].items()},
+                         r["best_ngram"]) for r in d["runs"]]
+        return cls(d["machine"], d["threads"], d["prompts"], d["max_new_tokens"], runs)
+
+
+def summarize(rows: list, base: list | None) -> ModeSpeed:
+    """Completions of one mode; `base`: no speculation's, for the speedup."""
+    tok = [r.predicted_n for r in rows]
+    sec = [r.predicted_ms / 1000 for r in rows]
+    accepted = sum(r.accepted for r in rows)
+    out = ModeSpeed(sum(tok) / max(sum(sec), 1e-9), sum(tok) / max(sum(tok) - accepted, 1),
+                    sum(r.drafted for r in rows), accepted,
+                    [a / max(b, 1e-9) for a, b in zip(tok, sec)])
     if base is not None:
-        out["speedup"] = ratio_interval(tok, sec, [r["predicted_n"] for r in base],
-                                        [r["predicted_ms"] / 1000 for r in base])
-        out["outputs_equal"] = sum(r["tokens"] == b["tokens"] for r, b in zip(rows, base))
+        out.speedup = ratio_interval(tok, sec, [r.predicted_n for r in base],
+                                     [r.predicted_ms / 1000 for r in base])
+        out.outputs_equal = sum(r.tokens == b.tokens for r, b in zip(rows, base))
     return out
 
 
 def measure(tree: Path, target_gguf: Path, modes: dict, prompts: list, n: int,
-            concurrency: int, work: Path, threads: int | None = None) -> dict:
-    """{mode: summary} for `modes` ({name: llama-server args}); "none" first, the base."""
+            concurrency: int, work: Path, threads: int | None = None) -> SpeedRun:
+    """Every mode of `modes` ({name: llama-server args}); "none" first, the base."""
     results, base = {}, None
     for name, args in {"none": [], **modes}.items():
         with serving(tree, target_gguf, args, work / f"server-{name}-c{concurrency}.log",
@@ -68,8 +110,8 @@ def measure(tree: Path, target_gguf: Path, modes: dict, prompts: list, n: int,
         results[name] = summarize(rows, base)
         base = base or rows
     ngram = {k: v for k, v in results.items() if k in NGRAM_MODES}
-    best = max(ngram, key=lambda k: ngram[k]["tokens_per_second"]) if ngram else None
-    return {"concurrency": concurrency, "modes": results, "best_ngram": best}
+    best = max(ngram, key=lambda k: ngram[k].tokens_per_second) if ngram else None
+    return SpeedRun(concurrency, results, best)
 
 
 def load_prompts(path: Path, limit: int) -> list:
@@ -90,17 +132,17 @@ def load_prompts(path: Path, limit: int) -> list:
     return [[int(t) for t in r] for r in rows[:limit if limit > 0 else None]]
 
 
-def format_table(r: dict) -> str:
-    lines = [f"{r['concurrency']} concurrent request(s):", "",
+def format_table(r: SpeedRun) -> str:
+    lines = [f"{r.concurrency} concurrent request(s):", "",
              "| mode | tok/s | speedup (95% CI) | acceptance | outputs equal |",
              "| --- | --- | --- | --- | --- |"]
-    for name, m in r["modes"].items():
-        sp = m.get("speedup")
+    for name, m in r.modes.items():
+        sp = m.speedup
         cell = f"{sp['value']:.2f}x ({sp['lo']:.2f}-{sp['hi']:.2f})" if sp else "1"
-        eq = f"{m['outputs_equal']}/{len(m['per_prompt_tokens_per_second'])}" if sp else "-"
-        best = " (best n-gram)" if name == r["best_ngram"] else ""
-        lines.append(f"| {name}{best} | {m['tokens_per_second']:.1f} | {cell} | "
-                     f"{m['acceptance_length']:.2f} | {eq} |")
+        eq = f"{m.outputs_equal}/{len(m.per_prompt_tokens_per_second)}" if sp else "-"
+        best = " (best n-gram)" if name == r.best_ngram else ""
+        lines.append(f"| {name}{best} | {m.tokens_per_second:.1f} | {cell} | "
+                     f"{m.acceptance_length:.2f} | {eq} |")
     return "\n".join(lines)
 
 
@@ -123,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 @user_errors_exit
-def main(argv=None) -> dict:
+def main(argv=None) -> SpeedReport:
     a = parser().parse_args(argv)
     tree = llama_cpp_tree(a.llama_cpp, "--llama-cpp")
     a.work.mkdir(parents=True, exist_ok=True)
@@ -137,15 +179,14 @@ def main(argv=None) -> dict:
         config = json.loads((Path(d) / "config.json").read_text())
         modes[name] = dflash_args(to_gguf(tree, Path(d), a.work / f"{name}.gguf", target=a.target),
                                   config)
-    report = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-              "threads": a.threads or os.cpu_count(), "prompts": len(prompts),
-              "max_new_tokens": a.max_new_tokens,
-              "runs": [measure(tree, target_gguf, modes, prompts, a.max_new_tokens, c, a.work,
-                               a.threads) for c in a.concurrency]}
-    a.out.write_text(json.dumps(report, indent=2))
-    print(f"{report['prompts']} prompts, {a.max_new_tokens} new tokens, greedy, "
-          f"{report['threads']} threads ({report['machine']})")
-    for r in report["runs"]:
+    report = SpeedReport(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                         a.threads or os.cpu_count(), len(prompts), a.max_new_tokens,
+                         [measure(tree, target_gguf, modes, prompts, a.max_new_tokens, c, a.work,
+                                  a.threads) for c in a.concurrency])
+    a.out.write_text(json.dumps(report.to_json(), indent=2))
+    print(f"{report.prompts} prompts, {a.max_new_tokens} new tokens, greedy, "
+          f"{report.threads} threads ({report.machine})")
+    for r in report.runs:
         print(format_table(r))
     return report
 

@@ -109,7 +109,18 @@ def serving(tree: Path, target_gguf: Path, args: list, log_path: Path, threads: 
                 server.wait()
 
 
-def _complete(port: int, ids: list, n: int) -> dict:
+@dataclass
+class Completion:
+    """One greedy completion as llama-server reports it (its own decode timing: prompt
+    processing excluded)."""
+    tokens: list
+    drafted: int
+    accepted: int
+    predicted_n: int
+    predicted_ms: float
+
+
+def _complete(port: int, ids: list, n: int) -> Completion:
     body = {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1,
             "cache_prompt": False, "return_tokens": True}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
@@ -117,11 +128,9 @@ def _complete(port: int, ids: list, n: int) -> dict:
     with urllib.request.urlopen(req, timeout=600) as r:
         out = json.loads(r.read())
     t = out.get("timings") or {}
-    # the engine's own decode timing (prompt processing excluded)
-    return {"tokens": [int(x) for x in out.get("tokens", [])],
-            "drafted": int(t.get("draft_n", 0)), "accepted": int(t.get("draft_n_accepted", 0)),
-            "predicted_n": int(t.get("predicted_n", 0)),
-            "predicted_ms": float(t.get("predicted_ms", 0.0))}
+    return Completion([int(x) for x in out.get("tokens", [])], int(t.get("draft_n", 0)),
+                      int(t.get("draft_n_accepted", 0)), int(t.get("predicted_n", 0)),
+                      float(t.get("predicted_ms", 0.0)))
 
 
 def drafter_kind(config: dict) -> tuple[str, int]:
@@ -147,6 +156,16 @@ def dflash_args(drafter_gguf: Path, config: dict, confidence_stop: float = 0.0) 
 def pooled(tokens: int, accepted: int) -> float:
     """Acceptance length: emitted tokens per verify step (accepted drafts + 1 a step)."""
     return tokens / max(tokens - accepted, 1)
+
+
+@dataclass
+class ServedPrompt(Completion):
+    """A prompt llama.cpp decoded beside dflash's decoding of it."""
+    n: int = 0  # tokens llama.cpp generated
+    equal: bool = False  # the same tokens as dflash's
+    dflash_tokens: int = 0
+    dflash_accepted: int = 0
+    dflash_last_step_accepted: Optional[int] = None
 
 
 @dataclass
@@ -188,6 +207,8 @@ class ServingCheck:
         out = cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
         out.equal_prompts = EqualPrompts(**d["equal_prompts"])
         out.spec_type = d.get("spec_type", "draft-dflash")
+        if out.per_prompt is not None:
+            out.per_prompt = [ServedPrompt(**row) for row in out.per_prompt]
         return out
 
 
@@ -209,22 +230,22 @@ def check(tree: Path, target: Path, drafter: Path, report: EvalReport, out: Path
         for ids, ours, steps, fin in zip(report.prompt_ids, report.tokens,
                                          report.per_prompt_steps, last):
             got = _complete(port, [int(x) for x in ids], len(ours))
-            rows.append({**got, "n": len(got["tokens"]), "equal": got["tokens"] == list(ours),
-                         "dflash_tokens": len(ours), "dflash_accepted": len(ours) - int(steps),
-                         "dflash_last_step_accepted": fin})
-    same = [r for r in rows if r["equal"]]
+            rows.append(ServedPrompt(**vars(got), n=len(got.tokens), equal=got.tokens == list(ours),
+                                     dflash_tokens=len(ours), dflash_accepted=len(ours) - int(steps),
+                                     dflash_last_step_accepted=fin))
+    same = [r for r in rows if r.equal]
 
     def engines(rs) -> EngineAcceptance:
-        return EngineAcceptance(pooled(sum(r["n"] for r in rs), sum(r["accepted"] for r in rs)),
-                                pooled(sum(r["dflash_tokens"] for r in rs),
-                                       sum(r["dflash_accepted"] for r in rs)))
+        return EngineAcceptance(pooled(sum(r.n for r in rs), sum(r.accepted for r in rs)),
+                                pooled(sum(r.dflash_tokens for r in rs),
+                                       sum(r.dflash_accepted for r in rs)))
     every, eq = engines(rows), engines(same)
     final = None if None in last else all(
-        r["dflash_accepted"] - r["dflash_last_step_accepted"] <= r["accepted"]
-        <= r["dflash_accepted"] for r in same)
+        r.dflash_accepted - r.dflash_last_step_accepted <= r.accepted <= r.dflash_accepted
+        for r in same)
     return ServingCheck(len(rows), len(same), block, kind, every.llama_cpp, every.dflash,
                         EqualPrompts(eq.llama_cpp, eq.dflash, all(
-                            r["accepted"] == r["dflash_accepted"] for r in same), final), rows)
+                            r.accepted == r.dflash_accepted for r in same), final), rows)
 
 
 def format_check(c: ServingCheck) -> str:

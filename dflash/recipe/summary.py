@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from dflash.eval.report import Difference, EvalReport
+from dflash.recipe.engine_speed import SpeedReport
 from dflash.recipe.llama_cpp import ServingCheck
 from dflash.recipe.workdir import Workdir
 from dflash.run_summary import RunSummary
@@ -74,7 +75,7 @@ class RecipeSummary:
     eval: Comparison
     paths: Optional[Comparison] = None
     llama_cpp_draft_head: Optional[ServingCheck] = None
-    speed: Optional[dict] = None  # dflash.recipe.engine_speed's report
+    speed: Optional[SpeedReport] = None  # llama-server's speed (dflash.recipe.engine_speed)
     llama_cpp: Optional[ServingCheck] = None
 
     def to_json(self) -> dict:
@@ -86,7 +87,7 @@ class RecipeSummary:
         if self.llama_cpp_draft_head is not None:
             out["llama_cpp_draft_head"] = self.llama_cpp_draft_head.to_json()
         if self.speed is not None:
-            out["speed"] = self.speed
+            out["speed"] = self.speed.to_json()
         if self.llama_cpp is not None:
             out["llama_cpp"] = self.llama_cpp.to_json()
         return out
@@ -111,7 +112,8 @@ def summarize(work: Workdir, run_dir, seconds: dict) -> RecipeSummary:
     out = RecipeSummary(seconds, sum(seconds.values()), {k: regen[k] for k in REGENERATE_FIELDS},
                         TrainFigures.of(train), Comparison.of(ev), paths,
                         _check(work.llama_cpp_draft_head),
-                        json.loads(work.speed.read_text()) if work.speed.exists() else None,
+                        SpeedReport.from_json(json.loads(work.speed.read_text()))
+                        if work.speed.exists() else None,
                         _check(work.llama_cpp))
     work.summary.write_text(json.dumps(out.to_json(), indent=2))
     return out
@@ -142,7 +144,7 @@ def format_summary(s: RecipeSummary) -> str:
     if s.speed is not None:
         from dflash.recipe.engine_speed import format_table
         lines += ["llama-server speed, greedy, on the held-out prompts:",
-                  *[format_table(run) for run in s.speed["runs"]]]
+                  *[format_table(run) for run in s.speed.runs]]
     return "\n".join(lines)
 
 

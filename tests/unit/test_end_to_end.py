@@ -177,12 +177,12 @@ def test_the_summary_sets_the_walk_beside_the_decoded_eval(tmp_path):
     written = json.loads(work.summary.read_text())
     assert written["paths"]["replies"] == 480 and written["paths"]["ngram"]["drafter_minus_this"]["better"]
     # with llama.cpp: the draft head's check and the engine's speed table join the summary
-    from dflash.recipe.engine_speed import summarize as speed_of
-    rows = [{"tokens": [1, 2], "predicted_n": 2, "predicted_ms": 100.0, "drafted": 0, "accepted": 0}]
-    fast = [{**rows[0], "predicted_ms": 50.0, "drafted": 2, "accepted": 1}]
-    work.speed.write_text(json.dumps({"runs": [{
-        "concurrency": 1, "best_ngram": None,
-        "modes": {"none": speed_of(rows, None), "trained": speed_of(fast, rows)}}]}))
+    from dflash.recipe.engine_speed import SpeedReport, SpeedRun, summarize as speed_of
+    from dflash.recipe.llama_cpp import Completion
+    rows = [Completion([1, 2], 0, 0, 2, 100.0)]
+    fast = [Completion([1, 2], 2, 1, 2, 50.0)]
+    work.speed.write_text(json.dumps(SpeedReport("cpu", 2, 1, 2, [SpeedRun(
+        1, {"none": speed_of(rows, None), "trained": speed_of(fast, rows)}, None)]).to_json()))
     said = format_summary(summarize(work, run, {"train": 60.0}))
     assert "| trained | 40.0 | 2.00x (2.00-2.00) | 2.00 | 1/1 |" in said
 

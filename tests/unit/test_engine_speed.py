@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from dflash.errors import DataError
-from dflash.recipe.engine_speed import load_prompts, main
+from dflash.recipe.engine_speed import SpeedReport, load_prompts, main
 
 SERVER = r'''
 import json, sys, time
@@ -64,20 +64,22 @@ def test_each_mode_timed_by_the_engine_against_no_speculation(tmp_path):
               f"lossy={_drafter(tmp_path, 'wrong')}", "--ngram", "ngram-simple", "ngram-mod",
               "--max-new-tokens", "10", "--threads", "1", "--out", str(out),
               "--work", str(tmp_path / "w")])
-    assert json.loads(out.read_text()) == r
-    assert [run["concurrency"] for run in r["runs"]] == [1, 4]
-    for run in r["runs"]:
-        m = run["modes"]
+    written = json.loads(out.read_text())
+    assert written == r.to_json() and SpeedReport.from_json(written) == r
+    assert "speedup" not in written["runs"][0]["modes"]["none"]  # the base: no ratio to itself
+    assert [run.concurrency for run in r.runs] == [1, 4]
+    for run in r.runs:
+        m = run.modes
         assert list(m) == ["none", "ngram-simple", "ngram-mod", "trained", "lossy"]
         # 60 tokens in 10 ms a token, half the prompts at twice the time
-        assert m["none"]["tokens_per_second"] == pytest.approx(60 / 0.9)
-        assert m["trained"]["speedup"]["value"] == pytest.approx(10 / 4)
-        assert m["trained"]["speedup"]["lo"] <= 2.5 <= m["trained"]["speedup"]["hi"]
-        assert m["ngram-simple"]["speedup"]["value"] == pytest.approx(10 / 8)
-        assert run["best_ngram"] == "ngram-mod"
-        assert m["trained"]["outputs_equal"] == 6 and m["lossy"]["outputs_equal"] == 0
-        assert m["trained"]["acceptance_length"] == pytest.approx(60 / 30)
-        assert m["none"]["acceptance_length"] == 1
+        assert m["none"].tokens_per_second == pytest.approx(60 / 0.9)
+        assert m["trained"].speedup["value"] == pytest.approx(10 / 4)
+        assert m["trained"].speedup["lo"] <= 2.5 <= m["trained"].speedup["hi"]
+        assert m["ngram-simple"].speedup["value"] == pytest.approx(10 / 8)
+        assert run.best_ngram == "ngram-mod"
+        assert m["trained"].outputs_equal == 6 and m["lossy"].outputs_equal == 0
+        assert m["trained"].acceptance_length == pytest.approx(60 / 30)
+        assert m["none"].acceptance_length == 1
 
 
 def test_prompts_from_an_eval_report_or_named_where_they_are_missing(tmp_path):
