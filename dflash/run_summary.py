@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from dflash.records import declared
+
 
 @dataclass
 class RunSummary:
@@ -71,7 +73,7 @@ class RunSummary:
     def from_json(cls, d: dict) -> "RunSummary":
         """A written summary as a record (keys a later dflash no longer declares are
         not read)."""
-        return cls(**{k: v for k, v in d.items() if k in FIELDS})
+        return cls(**declared(cls, d))
 
 
 FIELDS = frozenset(f.name for f in dataclasses.fields(RunSummary))

@@ -10,30 +10,10 @@
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-
-def to_json(x):
-    """A record as JSON data: its fields in order, recursively, leaving out the fields
-    it names in `OMIT_NONE` while they are None (sections a report did not measure)."""
-    if dataclasses.is_dataclass(x):
-        omit = getattr(x, "OMIT_NONE", ())
-        return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)
-                if not (f.name in omit and getattr(x, f.name) is None)}
-    if isinstance(x, dict):
-        return {k: to_json(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [to_json(v) for v in x]
-    return x
-
-
-def _known(cls, d: dict) -> dict:
-    """The keys of `d` that `cls` declares (a report written by an older dflash may hold
-    others; they are not read)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in d.items() if k in names}
+from dflash.records import declared, to_json
 
 
 @dataclass
@@ -45,7 +25,7 @@ class Difference:
 
     @classmethod
     def from_json(cls, d: dict) -> "Difference":
-        return cls(**_known(cls, d))
+        return cls(**declared(cls, d))
 
 
 @dataclass
@@ -61,7 +41,7 @@ class Score:
 
     @classmethod
     def from_json(cls, d: dict) -> "Score":
-        return cls(**_known(Score, d))
+        return cls(**declared(Score, d))
 
     def to_json(self) -> dict:
         return to_json(self)
@@ -73,7 +53,7 @@ class Baseline(Score):
 
     @classmethod
     def from_json(cls, d: dict) -> "Baseline":
-        out = cls(**_known(cls, d))
+        out = cls(**declared(cls, d))
         out.drafter_minus_this = Difference.from_json(d["drafter_minus_this"])
         return out
 
@@ -90,7 +70,7 @@ class PathsReport(Score):
 
     @classmethod
     def from_json(cls, d: dict) -> "PathsReport":
-        out = cls(**_known(cls, d))
+        out = cls(**declared(cls, d))
         out.baselines = baselines_from_json(d.get("baselines"))
         return out
 
@@ -138,7 +118,7 @@ class EvalReport:
 
     @classmethod
     def from_json(cls, d: dict) -> "EvalReport":
-        out = cls(**_known(cls, d))
+        out = cls(**declared(cls, d))
         out.baselines = baselines_from_json(d.get("baselines")) if "baselines" in d else None
         out.paths = PathsReport.from_json(d["paths"]) if d.get("paths") else None
         return out

@@ -30,7 +30,7 @@ from typing import Optional
 
 from dflash.errors import DataError, user_errors_exit
 from dflash.dirs import cache_root
-from dflash.eval.report import to_json
+from dflash.records import to_json
 from dflash.recipe.llama_cpp import _complete, dflash_args, llama_cpp_tree, serving, to_gguf
 from dflash.eval.speed import ratio_interval
 

@@ -12,7 +12,6 @@ drafts plus one token of the target's own).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import socket
@@ -26,6 +25,7 @@ from typing import Optional
 
 from dflash.errors import ConfigError, ToolError
 from dflash.eval.report import EvalReport
+from dflash.records import declared, to_json
 
 
 def llama_cpp_tree(setting: str | None, key: str = "llama_cpp") -> Path | None:
@@ -195,16 +195,14 @@ class ServingCheck:
     equal_prompts: EqualPrompts
     # llama-server's counts, dflash's beside, prompt by prompt (None: left in its own file)
     per_prompt: Optional[list] = field(default_factory=list)
+    OMIT_NONE = ("per_prompt",)
 
     def to_json(self) -> dict:
-        out = dataclasses.asdict(self)
-        if self.per_prompt is None:
-            del out["per_prompt"]
-        return out
+        return to_json(self)
 
     @classmethod
     def from_json(cls, d: dict) -> "ServingCheck":
-        out = cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
+        out = cls(**declared(cls, d))
         out.equal_prompts = EqualPrompts(**d["equal_prompts"])
         out.spec_type = d.get("spec_type", "draft-dflash")
         if out.per_prompt is not None:

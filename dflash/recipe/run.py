@@ -72,7 +72,7 @@ def write_prompt_sets(work: Workdir, sets: dict) -> None:
         (work / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def target_dir(cfg, work: Workdir | None = None) -> Path:
+def target_dir(cfg) -> Path:
     """The target's HF dir: `target=DIR`, else the packaged SmolLM2 converted once."""
     if cfg.target:
         path = Path(str(cfg.target))
@@ -94,7 +94,7 @@ def run(cfg) -> RecipeSummary:
     tgt = recipe_target(cfg)
     apps = StageConfigs.build(cfg, tgt, work)  # every stage's config checked: typos fail here
     st = Stages(work.root)
-    st.run("target", ["convert", str(tgt)], lambda: target_dir(cfg, work))
+    st.run("target", ["convert", str(tgt)], lambda: target_dir(cfg))
     n_prompts, n_paths = estimate(cfg, st, work, apps)
     # the marker holds the prompts' digest, not only the counts: a changed generator
     # writes other prompts for the same command, and every later stage must follow

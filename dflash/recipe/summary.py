@@ -96,9 +96,8 @@ class RecipeSummary:
 def _check(path) -> ServingCheck | None:
     if not path.exists():
         return None
-    c = ServingCheck.from_json(json.loads(path.read_text()))
-    c.per_prompt = None  # the prompt-by-prompt rows stay in their own file
-    return c
+    # the prompt-by-prompt rows stay in their own file
+    return ServingCheck.from_json({**json.loads(path.read_text()), "per_prompt": None})
 
 
 def summarize(work: Workdir, run_dir, seconds: dict) -> RecipeSummary:

