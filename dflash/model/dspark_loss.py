@@ -38,10 +38,15 @@ def _rows(h, t, w1p, head, w2, targets, inside):
     return ce, l1, z.argmax(-1)
 
 
+def rows_per_chunk(head, chunk_mb: float) -> int:
+    """Rows a chunk holds: about `chunk_mb` of its ~4 [rows, V] float32 tensors."""
+    return max(1, int(chunk_mb * 2 ** 20 // (4 * 4 * head.shape[0])))
+
+
 def dspark_rows(h, t, w1p, head, w2, targets, inside, chunk_mb: float = 256):
     """`_rows` over row chunks of about `chunk_mb` of logits each, recomputed in the
     backward (h, t [R, H]; w1p [R, r] or None; head [V, H]; w2 [V, r] or None)."""
-    per = max(1, int(chunk_mb * 2 ** 20 // (4 * 4 * head.shape[0])))  # ~4 [rows, V] fp32
+    per = rows_per_chunk(head, chunk_mb)
     outs = []
     for i in range(0, h.shape[0], per):
         sl = slice(i, i + per)

@@ -103,13 +103,15 @@ def shard_config(hf_config, tp: int):
 @contextlib.contextmanager
 def _estimating_drafter(first_chunks: bool = True):
     """The drafter's flex path with the stand-in kernel and no BlockMask build (its tile
-    indices are a few MB); the fused LM-head loss computes its first chunks only (every
-    chunk holds the same memory, so the peak is reached there; the rest are hundreds of
-    identical fake ops)."""
+    indices are a few MB); the fused LM-head loss and DSpark's checkpointed vocabulary
+    rows compute their first chunks only (every chunk holds the same memory, so the peak
+    is reached there; the rest are hundreds of identical fake ops: seconds a command)."""
     from dflash.kernels import lm_head_loss
     from dflash.model import drafter as drafter_mod
+    from dflash.model import dspark_loss
 
     real = lm_head_loss.RowLosses
+    real_rows = dspark_loss.dspark_rows
 
     class FirstChunks(real):
         @staticmethod
@@ -123,15 +125,25 @@ def _estimating_drafter(first_chunks: bool = True):
                         hidden.new_empty(n, hidden.shape[1]) if need_grad else None)
             return real.forward(ctx, hidden, some, chunk)
 
-    saved = drafter_mod.flex_attention_fn, drafter_mod.MASKS["flex"], real
+    def first_rows(h, t, w1p, head, w2, targets, inside, chunk_mb=256):
+        keep = min(h.shape[0], 2 * dspark_loss.rows_per_chunk(head, chunk_mb))
+        sl = slice(0, keep)
+        out = real_rows(h[sl], t[sl], None if w1p is None else w1p[sl], head, w2,
+                        targets[sl], inside[sl], chunk_mb)
+        rest = h.shape[0] - keep  # the rest's per-row results: a few bytes a row
+        return tuple(torch.cat([x, x.new_empty(rest)]) for x in out)
+
+    saved = (drafter_mod.flex_attention_fn, drafter_mod.MASKS["flex"], real, real_rows)
     drafter_mod.flex_attention_fn = lambda device: _flex_stand_in
     drafter_mod.MASKS["flex"] = lambda *a, **k: None
     if first_chunks:
         lm_head_loss.RowLosses = FirstChunks
+        dspark_loss.dspark_rows = first_rows
     try:
         yield
     finally:
-        drafter_mod.flex_attention_fn, drafter_mod.MASKS["flex"], lm_head_loss.RowLosses = saved
+        (drafter_mod.flex_attention_fn, drafter_mod.MASKS["flex"], lm_head_loss.RowLosses,
+         dspark_loss.dspark_rows) = saved
 
 
 def build_step(hf_config, cfg, rows: int, seq_len: int, anchors: int, mask_token_id: int,
@@ -245,17 +257,18 @@ def _init_adamw_state(opt) -> None:
 
 def estimate(hf_config, cfg, rows: int, seq_len: int, anchors: int, mask_token_id: int,
              tp: int = 1, shared: bool = False, queue_depth: int = 2,
-             real: bool = False) -> MemoryEstimate:
+             real: bool = False, every_chunk: bool = False) -> MemoryEstimate:
     """One step's peak per device at (rows, seq_len, anchors), on fake tensors; `real`:
     the same step on real tensors (every target layer, every loss chunk) followed by
-    torch's MemTracker: what the estimate is checked against on a CPU."""
+    torch's MemTracker: what the estimate is checked against on a CPU; `every_chunk`:
+    fake tensors through every loss chunk (what the first chunks stand for)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     notes = ["attention: flash/flex footprint (no score matrix), as the GPU kernels"]
     if tp > 1:
         notes.append(f"target: one of {tp} tensor-parallel shards (heads and MLP / {tp}, "
                      "residual whole) + its plain embedding and LM head copies")
     mode = contextlib.nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True)
-    with mode, _estimating_drafter(first_chunks=not real):
+    with mode, _estimating_drafter(first_chunks=not (real or every_chunk)):
         target, drafter, step, batch = build_step(shard_config(hf_config, tp), cfg, rows,
                                                   seq_len, anchors, mask_token_id,
                                                   drafter_config=hf_config, first_layers=not real)

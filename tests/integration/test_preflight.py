@@ -149,3 +149,21 @@ def test_the_estimate_is_what_memtracker_sees_on_real_tensors(micro):
     twice = (4 * 128 * 5 * 128 * 4 + 4096 * 128 * 4) / 2**30  # context + LM head, fp32
     assert real.drafter_gib - fake.drafter_gib == pytest.approx(twice, rel=0.01)
     assert fake.drafter_gib > 2 * twice  # (the step's own memory is what is compared)
+
+
+def test_dsparks_first_row_chunks_give_the_peak_of_every_chunk():
+    """DSpark's checkpointed vocabulary rows: the estimate runs their first two chunks
+    (every chunk holds the same memory), the peak of all of them, in a fraction of the ops."""
+    from transformers import Qwen3Config
+    from dflash.config import compose
+    from dflash.preflight.memory import estimate
+    hc = Qwen3Config(vocab_size=4096, hidden_size=128, intermediate_size=384,
+                     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=32, tie_word_embeddings=False)
+    cfg = compose("train", ["model=hf", "model.target.path=/x", "model.target.dtype=float32",
+                            "loss=dspark", "drafter_head=dspark", "model.loss_chunk_mb=1",
+                            "model.drafter.num_anchors=512", "model.drafter.num_layers=2"])
+    first = estimate(hc, cfg, 4, 128, 16, 4095, queue_depth=0)  # 960 rows: 60 chunks of 16
+    every = estimate(hc, cfg, 4, 128, 16, 4095, queue_depth=0, every_chunk=True)
+    assert first.target_gib == every.target_gib
+    assert first.drafter_gib == pytest.approx(every.drafter_gib, rel=2e-3)
