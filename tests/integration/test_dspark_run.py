@@ -15,7 +15,7 @@ def test_a_dspark_drafter_trains_exports_and_reports_its_calibration(tmp_path, w
     head = "dspark_anchor_first"
     run = tmp_path / "run"
     run_module("dflash.train", *WORLD, f"data.cache_dir={world_cache}", "loss=dspark",
-               f"drafter_head={head}", "model.drafter.markov_rank=32", "optim.max_steps=40",
+               f"drafter_head={head}", "model.drafter.markov_rank=32", "optim.max_steps=16",
                "logger.progress=false", "eval.confidence_stop=0.3", f"hydra.run.dir={run}")
     s = json.loads((run / "summary.json").read_text())
     assert s["final_loss"] < s["initial_loss"]
