@@ -59,9 +59,11 @@ train-real: $(REAL_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m dflash.end_to_end $(ARGS)
 
 # one worker a core (at most 4), each test file on one worker (its module fixtures, such
-# as a trained run, built once); ARGS="-n 0" runs in this process (for -s or pdb)
+# as a trained run, built once), files handed out in tests/conftest.py's order (xdist's
+# own puts the files with the most tests first); ARGS="-n 0": in this process (-s, pdb)
 test: $(STAMP) $(SPECFORGE)
-	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile $(ARGS)
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile \
+		--no-loadscope-reorder $(ARGS)
 
 # the pure unit tests (tests/unit, nothing marked slow), one worker a core (at most 4)
 test-fast: $(STAMP) $(SPECFORGE)

@@ -24,7 +24,9 @@ def _integration(item) -> bool:
 # The heaviest integration files go to the workers first, so the two finish together
 # instead of one running a 2-minute file alone at the end; a heavy file that needs no
 # fitted world comes second, so one worker has work while the other fits the world
-# (seconds each took on a 2-core AVX2 machine, 2026-12-07: 548 s of suite before)
+# (seconds each took on a 2-core AVX2 machine, 2026-12-07: 548 s of suite before). The
+# order holds only under `--no-loadscope-reorder` (make test): xdist otherwise hands the
+# files with the most tests out first, and the world fit started a minute in
 HEAVY = ("test_train_run.py",  # 130 s, fits the world
          "test_regenerate_app.py",  # 55 s, no world
          "test_family_rehearsal.py",  # 50 s, no world

@@ -70,3 +70,14 @@ def test_the_provenance_check_can_fail():
     assert [i for i, _ in _measured_tables(lines)] == [4]
     above = "\n".join(lines[:4])
     assert not COMMAND.search(above) and not DATE.search(above)
+
+
+def test_the_preflight_pages_table_lists_every_gpu_command_where_it_stands():
+    """docs/preflight.md's table (python benchmarks/preflight_docs.py) names each
+    documented GPU command by file:line with its text: an edit that moves or changes a
+    command leaves the table stale, and this fails until the script is re-run."""
+    from dflash.preflight.documented import documented_commands
+    want = [f"{d}: {d.text}" for d in documented_commands(REPO) if d.world != "cpu"]
+    page = (REPO / "docs" / "preflight.md").read_text()
+    rows = re.findall(r"^\| `((?:README\.md|docs/[\w-]+\.md):\d+: [^`]*)` \|", page, re.M)
+    assert rows == want, sorted(set(rows) ^ set(want))[:4]
