@@ -34,6 +34,9 @@ GiB = float(1 << 30)
 # the target's stand-in attention kernel (registered below; a name with "flash" in it
 # would mean a hub kernel to transformers)
 ESTIMATE_ATTENTION = "estimate_fused"
+# loss chunks the estimate runs (every chunk holds the same memory; two show the peak
+# with one chunk's outputs already held)
+FIRST_CHUNKS = 2
 
 
 @dataclass
@@ -117,7 +120,7 @@ def _estimating_drafter(first_chunks: bool = True):
         @staticmethod
         def forward(ctx, hidden, chunk_fn, chunk):
             def some(s, e, need_grad):
-                if s < 2 * chunk:
+                if s < FIRST_CHUNKS * chunk:
                     return chunk_fn(s, e, need_grad)
                 n = e - s
                 return (hidden.new_empty(n, dtype=torch.float32),
@@ -126,7 +129,7 @@ def _estimating_drafter(first_chunks: bool = True):
             return real.forward(ctx, hidden, some, chunk)
 
     def first_rows(h, t, w1p, head, w2, targets, inside, chunk_mb=256):
-        keep = min(h.shape[0], 2 * dspark_loss.rows_per_chunk(head, chunk_mb))
+        keep = min(h.shape[0], FIRST_CHUNKS * dspark_loss.rows_per_chunk(head, chunk_mb))
         sl = slice(0, keep)
         out = real_rows(h[sl], t[sl], None if w1p is None else w1p[sl], head, w2,
                         targets[sl], inside[sl], chunk_mb)

@@ -129,20 +129,29 @@ def test_resume_auto_in_a_dir_of_another_run_is_refused_before_the_gpus_are_book
     assert rc == 2 and "holds another run: optim.lr 0.0006 -> 0.001" in out
 
 
+def _small_qwen3(layers: int):
+    """A target small enough to run the step on real tensors too (vocab 4096, width 128)."""
+    from transformers import Qwen3Config
+    return Qwen3Config(vocab_size=4096, hidden_size=128, intermediate_size=384,
+                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=32, tie_word_embeddings=False)
+
+
+def _small_step_config(*overrides):
+    from dflash.config import compose
+    return compose("train", ["model=hf", "model.target.path=/x", "model.target.dtype=float32",
+                             "model.drafter.num_anchors=512", "model.drafter.num_layers=2",
+                             *overrides])
+
+
 @pytest.mark.parametrize("micro", [0, 2])
 def test_the_estimate_is_what_memtracker_sees_on_real_tensors(micro):
     """One small step, fake tensors against real ones under torch's MemTracker: the same
     target peak; the drafter's differs by exactly the context and LM head, which
     MemTracker counts again when the step reads them (allocated before it)."""
-    from transformers import Qwen3Config
-    from dflash.config import compose
     from dflash.preflight.memory import estimate
-    hc = Qwen3Config(vocab_size=4096, hidden_size=128, intermediate_size=384,
-                     num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=32, tie_word_embeddings=False)
-    cfg = compose("train", ["model=hf", "model.target.path=/x", "model.target.dtype=float32",
-                            "model.drafter.num_anchors=512",
-                            "model.drafter.num_layers=2", f"optim.micro_rows={micro}"])
+    hc = _small_qwen3(8)
+    cfg = _small_step_config(f"optim.micro_rows={micro}")
     fake = estimate(hc, cfg, 4, 128, 16, 4095, queue_depth=0)
     real = estimate(hc, cfg, 4, 128, 16, 4095, queue_depth=0, real=True)
     assert fake.target_gib == pytest.approx(real.target_gib, rel=0.01)
@@ -154,15 +163,9 @@ def test_the_estimate_is_what_memtracker_sees_on_real_tensors(micro):
 def test_dsparks_first_row_chunks_give_the_peak_of_every_chunk():
     """DSpark's checkpointed vocabulary rows: the estimate runs their first two chunks
     (every chunk holds the same memory), the peak of all of them, in a fraction of the ops."""
-    from transformers import Qwen3Config
-    from dflash.config import compose
     from dflash.preflight.memory import estimate
-    hc = Qwen3Config(vocab_size=4096, hidden_size=128, intermediate_size=384,
-                     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=32, tie_word_embeddings=False)
-    cfg = compose("train", ["model=hf", "model.target.path=/x", "model.target.dtype=float32",
-                            "loss=dspark", "drafter_head=dspark", "model.loss_chunk_mb=1",
-                            "model.drafter.num_anchors=512", "model.drafter.num_layers=2"])
+    hc = _small_qwen3(4)
+    cfg = _small_step_config("loss=dspark", "drafter_head=dspark", "model.loss_chunk_mb=1")
     first = estimate(hc, cfg, 4, 128, 16, 4095, queue_depth=0)  # 960 rows: 60 chunks of 16
     every = estimate(hc, cfg, 4, 128, 16, 4095, queue_depth=0, every_chunk=True)
     assert first.target_gib == every.target_gib
