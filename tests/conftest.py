@@ -13,8 +13,10 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 from dflash import config  # noqa: E402
+from tests.helpers.ranks import ranks_from_a_forkserver  # noqa: E402
 
 config.register()  # the apps do this at start; tests compose the same schemas
+ranks_from_a_forkserver()  # mp.spawn's ranks start with torch and dflash imported
 
 
 def _integration(item) -> bool:

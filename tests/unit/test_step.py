@@ -106,6 +106,24 @@ def test_step_never_reads_back_to_the_host(monkeypatch):
     assert drafter.fc.weight.grad is not None
 
 
+def test_a_right_padded_rows_context_is_each_sample_alone():
+    """The step runs the target on right-padded rows without a padding mask: under the
+    causal mask no real token sees a pad, so each row's real positions read what the
+    sample alone gives (a padding row included: nothing of it is read)."""
+    target = Target.from_config(OmegaConf.structured(TargetConfig()))
+    step = TrainStep(target, _drafter(target), None, None, Objective(8), StepPolicy())
+    ids, mask, valid = _batch()
+    valid[0, 30:] = False
+    valid = torch.cat([valid, torch.zeros(1, valid.shape[1], dtype=torch.bool)])
+    ids, mask = torch.cat([ids, ids[:1]]), torch.cat([mask, mask[:1] & False])
+    ctx = step.context(DeviceBatch(None, ids, mask & valid, valid))
+    for row in range(2):
+        n = int(valid[row].sum())
+        alone = target.context(ids[row:row + 1, :n])[0]
+        torch.testing.assert_close(ctx[row, :n], alone, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(ctx).all()
+
+
 @pytest.mark.parametrize("total,ratio", [(100, 0.04), (10, 0.5), (1, 0.04)])
 def test_warmup_cosine_schedule(total, ratio):
     lrs = [warmup_cosine(s, total, ratio) for s in range(total)]
