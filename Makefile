@@ -64,7 +64,7 @@ train-real: $(REAL_STAMP)
 # one worker a core and one more, at most 4: a worker waiting on its ranks, a signal's
 # timing or the world fit's lock leaves its core idle, and the extra worker fills it (on 2
 # cores: 3 workers finished the suite ~10% sooner than 2)
-WORKERS := $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) + 1))")
+WORKERS := $(shell $(PYTHON) -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count(); print(min(4, (n or 1) + 1))")
 test: $(STAMP) $(SPECFORGE)
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest -n $(WORKERS) --dist loadfile \
 		--no-loadscope-reorder $(ARGS)
