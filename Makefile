@@ -58,12 +58,12 @@ train-real-llama: $(LLAMA_CPP)/build/bin/llama-server
 train-real: $(REAL_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m dflash.end_to_end $(ARGS)
 
-# one worker a core (at most 4), each test file on one worker (its module fixtures, such
-# as a trained run, built once), files handed out in tests/conftest.py's order (xdist's
-# own puts the files with the most tests first); ARGS="-n 0": in this process (-s, pdb)
-# one worker a core and one more, at most 4: a worker waiting on its ranks, a signal's
-# timing or the world fit's lock leaves its core idle, and the extra worker fills it (on 2
-# cores: 3 workers finished the suite ~10% sooner than 2)
+# one worker a core and one more, at most 4 (a worker waiting on its ranks, a signal's
+# timing or the world fit's lock leaves its core idle, and the extra worker fills it; on
+# 2 cores 3 workers finished the suite ~10% sooner than 2); each test file on one worker
+# (its module fixtures, such as a trained run, built once), files handed out in
+# tests/conftest.py's order (xdist's own puts the files with the most tests first);
+# ARGS="-n 0": in this process (-s, pdb)
 WORKERS := $(shell $(PYTHON) -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count(); print(min(4, (n or 1) + 1))")
 test: $(STAMP) $(SPECFORGE)
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest -n $(WORKERS) --dist loadfile \

@@ -23,7 +23,7 @@ def _integration(item) -> bool:
     return f"{os.sep}integration{os.sep}" in str(item.fspath)
 
 
-# The heaviest integration files go to the workers first, so the two finish together
+# The heaviest integration files go to the workers first, so the workers finish together
 # instead of one running a 2-minute file alone at the end; a heavy file that needs no
 # fitted world comes second, so one worker has work while the other fits the world
 # (seconds each took on a 2-core AVX2 machine, 2026-12-07: 548 s of suite before). The

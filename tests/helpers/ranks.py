@@ -2,7 +2,7 @@
 
 A spawned rank is a new interpreter: it imports torch, transformers and dflash again
 before its first collective (~4 s of CPU a rank on a 2-core machine; the suite starts
-about 20 of them, a third of all its import time). Ranks forked from a forkserver that
+about 20 of them, and a profile of a whole run put over half of its import time there). Ranks forked from a forkserver that
 imported those once start at their first line instead. A forkserver is still a clean,
 single-threaded process (forking it is safe, unlike forking a pytest worker with its
 threads), each rank still runs in a process of its own with real gloo collectives, and
