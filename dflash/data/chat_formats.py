@@ -29,10 +29,17 @@ def _text(content, where: str, j: int) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # OpenAI content parts
-        bad = [p.get("type") for p in content if not (isinstance(p, dict) and p.get("type") == "text")]
-        if bad:
-            raise DataError(f"{where}: message {j} has a {bad[0]!r} content part; only text "
-                            "parts can be tokenized")
+        for p in content:
+            if not isinstance(p, dict):
+                raise DataError(f"{where}: message {j} has a content part of type "
+                                f"{type(p).__name__}, not an object like "
+                                '{"type": "text", "text": "..."}')
+            if p.get("type") != "text":
+                raise DataError(f"{where}: message {j} has a {p.get('type')!r} content part; "
+                                "only text parts can be tokenized")
+            if not isinstance(p.get("text", ""), str):
+                raise DataError(f"{where}: message {j} has a text part whose 'text' is of type "
+                                f"{type(p['text']).__name__}, not a string")
         return "".join(p.get("text", "") for p in content)
     raise DataError(f"{where}: message {j} 'content' must be a string, a list of text parts "
                     f"or null, not {type(content).__name__}")

@@ -40,6 +40,10 @@ def test_openai_parts_tool_calls_and_reasoning_are_kept_for_the_template():
      "'image_url' content part"),
     ({"messages": [{"role": "narrator", "content": "x"}]}, "role='narrator'"),
     ({"text": "x"}, "no 'messages' or 'conversations' list (keys: text)"),
+    # content parts that are not part objects, or a text part whose text is not a string
+    ({"messages": [{"role": "user", "content": ["x"]}]}, "content part of type str"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 7}]}]},
+     "'text' is of type int"),
 ])
 def test_a_format_that_cannot_be_mapped_is_refused_naming_the_line(rec, named):
     with pytest.raises(DataError, match="^f.jsonl:7: ") as e:
