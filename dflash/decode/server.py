@@ -41,10 +41,17 @@ class OpenAIBackend:
                 temperature=s.temperature, top_p=s.top_p, seed=s.seed, extra_body=extra)
         except Exception as exc:  # noqa: BLE001  (after the client's retries: report it)
             return {"error": f"request failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]}
-        choice = r.choices[0]
-        msg = choice.message
-        reasoning = getattr(msg, "reasoning_content", None) or (msg.model_extra or {}).get("reasoning_content")
+        choice = (r.choices or [None])[0]
+        msg = getattr(choice, "message", None)
+        if msg is None:  # a reply with no choice (some servers' content filter): failed
+            return {"error": "the server replied with no choices[0].message"}
+        # the thinking as `reasoning_content` (SGLang, llama.cpp, older vLLM) or
+        # `reasoning` (newer vLLM, OpenRouter)
+        extra = msg.model_extra or {}
+        reasoning = (getattr(msg, "reasoning_content", None) or extra.get("reasoning_content")
+                     or extra.get("reasoning"))
         tokens = r.usage.completion_tokens if r.usage is not None else None
+        reasoning = reasoning if isinstance(reasoning, str) else None
         return {"text": msg.content or "", "reasoning": reasoning,
                 "finish_reason": "length" if choice.finish_reason == "length" else "stop",
                 "tokens": int(tokens or 0)}
