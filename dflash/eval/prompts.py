@@ -29,18 +29,28 @@ def load_prompts(path, limit: int = -1, fmt: str = "prompt_ids", tokenizer=None)
             if not line.strip():
                 continue
             try:
-                ids = json.loads(line)["prompt_ids"]
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise DataError(f"{path}:{n}: expected a JSON object with 'prompt_ids' "
-                                f"({exc})") from exc
-            if not ids or not all(isinstance(t, int) for t in ids):
-                raise DataError(f"{path}:{n}: 'prompt_ids' must be a non-empty list of ints")
-            prompts.append(ids)
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{n}: invalid JSON ({exc})") from None
+            if not isinstance(rec, dict) or "prompt_ids" not in rec:
+                raise DataError(f"{path}:{n}: no 'prompt_ids' (token ids of the prompt)")
+            prompts.append(prompt_ids(rec["prompt_ids"], f"{path}:{n}"))
             if 0 <= limit <= len(prompts):
                 break
     if not prompts:
         raise DataError(f"{path}: no prompts")
     return prompts
+
+
+def prompt_ids(ids, where: str, key: str = "'prompt_ids'") -> list:
+    """One prompt's token ids, checked: a non-empty list of non-negative ints."""
+    from dflash.errors import DataError
+
+    if not isinstance(ids, list) or not ids or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise DataError(f"{where}: {key} must be a non-empty list of token ids "
+                        "(non-negative ints)")
+    return ids
 
 
 def _chat_prompts(path, limit: int, fmt: str, tok) -> list:

@@ -32,6 +32,7 @@ from dflash.errors import DataError, user_errors_exit
 from dflash.dirs import cache_root
 from dflash.records import to_json
 from dflash.recipe.llama_cpp import _complete, dflash_args, llama_cpp_tree, serving, to_gguf
+from dflash.eval.prompts import load_prompts as jsonl_prompts, prompt_ids
 from dflash.eval.speed import ratio_interval
 
 NGRAM_MODES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache")
@@ -115,21 +116,44 @@ def measure(tree: Path, target_gguf: Path, modes: dict, prompts: list, n: int,
 
 
 def load_prompts(path: Path, limit: int) -> list:
-    """Token-id prompts from a dflash eval report (JSON) or a JSONL of prompt_ids."""
-    text = path.read_text()
+    """Token-id prompts from a dflash eval report (JSON: its `prompt_ids` lists) or a
+    JSONL of {"prompt_ids": [...]}, each checked (the file and line or index named)."""
+    if not path.is_file():
+        raise DataError(f"--prompts {path}: no such file")
     try:
-        rows = json.loads(text)["prompt_ids"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        rows = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                rec = json.loads(line)
-                if "prompt_ids" not in rec:
-                    raise DataError(f"{path}:{i}: no 'prompt_ids' (token ids of the prompt)")
-                rows.append(rec["prompt_ids"])
-    if not rows:
-        raise DataError(f"{path}: no prompts")
-    return [[int(t) for t in r] for r in rows[:limit if limit > 0 else None]]
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        doc = None  # JSON Lines (or not JSON at all: the line loader names the line)
+    rows = doc.get("prompt_ids") if isinstance(doc, dict) else None
+    if not (isinstance(rows, list) and rows and isinstance(rows[0], list)):
+        # JSON Lines (a one-line file is a JSON document too: its prompt_ids is one prompt)
+        return jsonl_prompts(path, limit if limit > 0 else -1)
+    return [prompt_ids(r, str(path), f"prompt_ids[{i}]")
+            for i, r in enumerate(rows[:limit if limit > 0 else None])]
+
+
+def check_inputs(prompts: list, target: Path, drafters: list) -> dict:
+    """{name: drafter dir} of `--drafter NAME=DIR`, each with its config.json, and the
+    prompts inside the target's vocabulary: refused before any conversion or server."""
+    out = {}
+    for spec in drafters:
+        name, _, d = spec.partition("=")
+        if not name or not d:
+            raise DataError(f"--drafter {spec}: give NAME=DIR")
+        if not (Path(d) / "config.json").is_file():
+            raise DataError(f"--drafter {spec}: no config.json in {d} (a dflash drafter "
+                            "export: python -m dflash.model.export)")
+        out[name] = Path(d)
+    if not (target / "config.json").is_file():
+        raise DataError(f"--target {target}: no config.json (give the target's HF directory)")
+    cfg = json.loads((target / "config.json").read_text())
+    vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    top = max(max(p) for p in prompts)
+    if vocab and top >= int(vocab):
+        bad = next(i for i, p in enumerate(prompts) if max(p) == top)
+        raise DataError(f"prompt {bad} holds token id {top}, outside the target's vocabulary "
+                        f"of {vocab} ({target / 'config.json'})")
+    return out
 
 
 def format_table(r: SpeedRun) -> str:
@@ -170,14 +194,12 @@ def main(argv=None) -> SpeedReport:
     tree = llama_cpp_tree(a.llama_cpp, "--llama-cpp")
     a.work.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(a.prompts, a.limit)
+    drafters = check_inputs(prompts, a.target, a.drafter)
     target_gguf = to_gguf(tree, a.target, a.work / "target.gguf")
     modes = {m: ["--spec-type", m] for m in a.ngram}
-    for spec in a.drafter:
-        name, _, d = spec.partition("=")
-        if not d:
-            raise DataError(f"--drafter {spec}: give NAME=DIR")
-        config = json.loads((Path(d) / "config.json").read_text())
-        modes[name] = dflash_args(to_gguf(tree, Path(d), a.work / f"{name}.gguf", target=a.target),
+    for name, d in drafters.items():
+        config = json.loads((d / "config.json").read_text())
+        modes[name] = dflash_args(to_gguf(tree, d, a.work / f"{name}.gguf", target=a.target),
                                   config)
     report = SpeedReport(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                          a.threads or os.cpu_count(), len(prompts), a.max_new_tokens,

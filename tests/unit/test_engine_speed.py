@@ -3,6 +3,7 @@ one does: tokens and its own decode timings, a server per mode): tokens/s from t
 engine's timings, speedups over no speculation as a ratio of sums with a paired interval,
 the best n-gram mode named, outputs compared, 1 and 4 concurrent requests."""
 import json
+import re
 import sys
 
 import pytest
@@ -55,11 +56,18 @@ def _drafter(tmp_path, name):
     return d
 
 
+def _target(tmp_path, vocab=64):
+    t = tmp_path / "t"
+    t.mkdir(exist_ok=True)
+    (t / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": vocab}))
+    return t
+
+
 def test_each_mode_timed_by_the_engine_against_no_speculation(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt_ids": [i, 5]}) + "\n" for i in range(1, 7)))
     out = tmp_path / "speed.json"
-    r = main(["--llama-cpp", str(_tree(tmp_path)), "--target", str(tmp_path / "t"), "--prompts",
+    r = main(["--llama-cpp", str(_tree(tmp_path)), "--target", str(_target(tmp_path)), "--prompts",
               str(prompts), "--drafter", f"trained={_drafter(tmp_path, 'd')}", "--drafter",
               f"lossy={_drafter(tmp_path, 'wrong')}", "--ngram", "ngram-simple", "ngram-mod",
               "--max-new-tokens", "10", "--threads", "1", "--out", str(out),
@@ -86,7 +94,32 @@ def test_prompts_from_an_eval_report_or_named_where_they_are_missing(tmp_path):
     rep = tmp_path / "eval.json"
     rep.write_text(json.dumps({"prompt_ids": [[1, 2], [3]], "tokens": [[4], [5]]}))
     assert load_prompts(rep, 0) == [[1, 2], [3]] and load_prompts(rep, 1) == [[1, 2]]
+    one = tmp_path / "one.jsonl"  # a one-line JSONL is a JSON document too: one prompt
+    one.write_text(json.dumps({"prompt_ids": [7, 8]}) + "\n")
+    assert load_prompts(one, 0) == [[7, 8]]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt_ids": [1]}) + "\n" + json.dumps({"text": "hi"}) + "\n")
     with pytest.raises(DataError, match=r"bad.jsonl:2: no 'prompt_ids'"):
         load_prompts(bad, 0)
+
+
+@pytest.mark.parametrize("prompts, drafter, named", [
+    ('{"prompt_ids": [1, 2]}\nnot json\n', "d", r"p.jsonl:2: invalid JSON"),
+    ('{"prompt_ids": ["a", 2]}\n', "d", r"p.jsonl:1: 'prompt_ids' must be a non-empty list"),
+    ('{"prompt_ids": [[1], 5]}', "d", r"p.jsonl: prompt_ids\[1\] must be"),  # an eval report
+    ('{"prompt_ids": [1, 64]}\n', "d", r"prompt 0 holds token id 64, outside .* of 64"),
+    ('{"prompt_ids": [1, 2]}\n', "none", r"--drafter x=.*none: no config.json"),
+])
+def test_bad_prompts_or_drafters_are_refused_in_one_line_before_any_conversion(
+        tmp_path, capsys, prompts, drafter, named):
+    p = tmp_path / "p.jsonl"
+    p.write_text(prompts)
+    _drafter(tmp_path, "d")
+    work = tmp_path / "w"
+    with pytest.raises(SystemExit) as e:
+        main(["--llama-cpp", str(_tree(tmp_path)), "--target", str(_target(tmp_path)),
+              "--prompts", str(p), "--drafter", f"x={tmp_path / drafter}", "--work", str(work)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "Traceback" not in err[0]
+    assert re.search(named, err[0]), err
+    assert not list(work.glob("*.gguf"))  # refused before the target was converted
