@@ -31,7 +31,8 @@ from typing import Optional
 from dflash.errors import DataError, user_errors_exit
 from dflash.dirs import cache_root
 from dflash.records import to_json
-from dflash.recipe.llama_cpp import _complete, dflash_args, llama_cpp_tree, serving, to_gguf
+from dflash.recipe.llama_cpp import (_complete, dflash_args, llama_cpp_tree, serving, slot_context,
+                                     to_gguf)
 from dflash.eval.prompts import load_prompts as jsonl_prompts, prompt_ids
 from dflash.eval.speed import ratio_interval
 
@@ -105,7 +106,7 @@ def measure(tree: Path, target_gguf: Path, modes: dict, prompts: list, n: int,
     results, base = {}, None
     for name, args in {"none": [], **modes}.items():
         with serving(tree, target_gguf, args, work / f"server-{name}-c{concurrency}.log",
-                     threads, slots=concurrency) as port:
+                     threads, slots=concurrency, context=slot_context(prompts, n)) as port:
             decode_all(port, prompts[:1], min(8, n), 1)  # first-call costs untimed
             rows = decode_all(port, prompts, n, concurrency)
         results[name] = summarize(rows, base)

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,15 +88,16 @@ def _ready(port: int, proc: subprocess.Popen, timeout: float) -> None:
 
 @contextlib.contextmanager
 def serving(tree: Path, target_gguf: Path, args: list, log_path: Path, threads: int | None = None,
-            slots: int = 1, timeout: float = 300):
-    """llama-server on loopback for `target_gguf` with `args` (a speculation mode); yields
-    its port, and ends it (terminate, then kill) however the block ends."""
+            slots: int = 1, timeout: float = 300, context: int = 4096):
+    """llama-server on loopback for `target_gguf` with `args` (a speculation mode) and
+    `context` tokens a slot; yields its port, and ends it (terminate, then kill) however
+    the block ends."""
     port = _free_port()
     with open(log_path, "w") as log:
         server = subprocess.Popen(
             [str(tree / "build" / "bin" / "llama-server"), "-m", str(target_gguf), *map(str, args),
              "--host", "127.0.0.1", "--port", str(port), "-t", str(threads or os.cpu_count()),
-             "-c", str(4096 * slots), "-np", str(slots), "--no-warmup"],
+             "-c", str(int(context) * slots), "-np", str(slots), "--no-warmup"],
             stdout=log, stderr=subprocess.STDOUT)
         try:
             _ready(port, server, timeout)
@@ -120,13 +122,27 @@ class Completion:
     predicted_ms: float
 
 
+def slot_context(prompts: list, n: int, block: int = 16) -> int:
+    """Tokens a server slot needs for the longest prompt, its `n` new tokens and one
+    block of drafts in flight (at least llama-server's usual 4096)."""
+    return max(4096, max(len(p) for p in prompts) + int(n) + int(block))
+
+
 def _complete(port: int, ids: list, n: int) -> Completion:
     body = {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1,
             "cache_prompt": False, "return_tokens": True}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        out = json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            out = json.loads(r.read())
+    except urllib.error.HTTPError as exc:  # the server's refusal, in its own words
+        said = exc.read().decode("utf-8", "replace").strip().splitlines()[:1] or [exc.reason]
+        raise ToolError(f"llama-server refused a prompt of {len(ids)} tokens (n_predict={n}): "
+                        f"HTTP {exc.code}: {said[0][:300]}") from None
+    except OSError as exc:  # gone (crashed, killed) or silent past the timeout
+        raise ToolError(f"llama-server on port {port} did not answer a prompt of {len(ids)} "
+                        f"tokens: {exc} (its log is beside the GGUF files)") from None
     t = out.get("timings") or {}
     return Completion([int(x) for x in out.get("tokens", [])], int(t.get("draft_n", 0)),
                       int(t.get("draft_n_accepted", 0)), int(t.get("predicted_n", 0)),
@@ -223,7 +239,9 @@ def check(tree: Path, target: Path, drafter: Path, report: EvalReport, out: Path
     drafter_gguf = to_gguf(tree, drafter, out / "drafter.gguf", target=target)
     args = dflash_args(drafter_gguf, config, float(report.confidence_stop or 0.0))
     last = report.per_prompt_last_step_accepted or [None] * len(report.tokens)
-    with serving(tree, target_gguf, args, out / "server.log", threads, timeout=timeout) as port:
+    with serving(tree, target_gguf, args, out / "server.log", threads, timeout=timeout,
+                 context=slot_context(report.prompt_ids, max(map(len, report.tokens)), block)
+                 ) as port:
         rows = []
         for ids, ours, steps, fin in zip(report.prompt_ids, report.tokens,
                                          report.per_prompt_steps, last):

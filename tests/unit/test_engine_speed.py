@@ -30,6 +30,12 @@ class H(BaseHTTPRequestHandler):
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         n = req["n_predict"]
+        slot = int(args[args.index("-c") + 1]) // int(args[args.index("-np") + 1])
+        if len(req["prompt"]) + n > slot or req["prompt"][0] == 63:  # as llama-server refuses
+            body = json.dumps({"error": {"code": 400, "message": "the request exceeds the "
+                               "available context size, try increasing it"}}).encode()
+            self.send_response(400); self.send_header("Content-Length", str(len(body)))
+            self.end_headers(); self.wfile.write(body); return
         toks = [req["prompt"][0]] * n if "lossy" not in draft else [0] * n
         acc = 0 if mode == "none" else n // 2
         self._send({"tokens": toks, "timings": {"predicted_n": n, "predicted_ms": ms * n * (1 + req["prompt"][0] % 2),
@@ -123,3 +129,24 @@ def test_bad_prompts_or_drafters_are_refused_in_one_line_before_any_conversion(
     assert e.value.code == 2 and len(err) == 1 and "Traceback" not in err[0]
     assert re.search(named, err[0]), err
     assert not list(work.glob("*.gguf"))  # refused before the target was converted
+
+
+def test_a_prompt_longer_than_a_default_slot_is_served_and_a_refusal_is_one_line(tmp_path, capsys):
+    """Each slot's context is sized to the longest prompt and its new tokens; a request the
+    server still refuses ends the run with the server's own reason, not a traceback."""
+    tree, target = _tree(tmp_path), _target(tmp_path)
+
+    def run(prompt):
+        p = tmp_path / "p.jsonl"
+        p.write_text(json.dumps({"prompt_ids": prompt}) + "\n")
+        return main(["--llama-cpp", str(tree), "--target", str(target),
+                     "--prompts", str(p), "--ngram", "--concurrency", "2", "--max-new-tokens",
+                     "8", "--out", str(tmp_path / "s.json"), "--work", str(tmp_path / "w")])
+    r = run([1] * 5000)  # past 4096 tokens
+    assert r.runs[0].modes["none"].tokens_per_second > 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run([63, 1])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert "refused a prompt of 2 tokens" in err[0] and "exceeds the available context" in err[0]
