@@ -36,6 +36,7 @@ def eval_report(cfg) -> EvalReport:
         raise DataError("dflash.eval needs drafter=DIR and prompts=FILE (JSONL or data set dir) "
                         "to decode, or paths=DIR (held-out greedy replies) to walk")
     from dflash.step import resolve_target_dtype
+    check_inputs(cfg)  # before the target loads (minutes on a large one)
     target, dev = _load_target(cfg) if int(cfg.topology.target_tp) > 1 else (None, None)
     if target is None:
         dev = resolve_device(choice(cfg.device))
@@ -53,6 +54,19 @@ def eval_report(cfg) -> EvalReport:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(report.to_json(), indent=2))
     return report
+
+
+def check_inputs(cfg) -> None:
+    """The drafter's files, token-id prompts and the paths= data set, read: a bad one is
+    refused in one line before the target is loaded."""
+    from dflash.data.format import TokenDataset
+    from dflash.model.checkpoint import drafter_config
+    from dflash.options import choice
+    drafter_config(cfg.drafter)
+    if cfg.prompts and choice(cfg.format) == "prompt_ids":  # (others need the tokenizer)
+        load_prompts(cfg.prompts, int(cfg.num_prompts))
+    if cfg.paths:
+        TokenDataset.open(str(cfg.paths))
 
 
 def _load_target(cfg):

@@ -251,19 +251,37 @@ def check_compatible(loaded: DrafterSpec, want: DrafterSpec, where: str) -> None
                             "a warm start needs the same drafter shape and serving contract")
 
 
-def load_drafter(path: str | Path, device="cpu") -> DFlashDrafter:
+def drafter_config(path: str | Path) -> dict:
+    """A drafter checkpoint's config.json, with its weights file's header read: what an
+    app checks before it loads a target (minutes on a large one) to find the drafter bad."""
     path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"drafter checkpoint {path}: no such directory")
     cfg_file, weights = path / "config.json", path / "model.safetensors"
     for f in (cfg_file, weights):
         if not f.exists():
             raise DataError(f"drafter checkpoint {path}: {f.name} is missing")
     try:
         cfg = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{cfg_file} is corrupt: {exc}") from exc
-    if not {"DFlashDraftModel", "DSparkDraftModel"} & set(cfg.get("architectures", [])):
-        raise DataError(f"{cfg_file}: architectures {cfg.get('architectures')} is not a "
-                        "DFlash drafter")
+    if not isinstance(cfg, dict) or not {"DFlashDraftModel", "DSparkDraftModel"} & set(
+            cfg.get("architectures") or []):
+        got = cfg.get("architectures") if isinstance(cfg, dict) else cfg
+        raise DataError(f"{cfg_file}: architectures {got} is not a DFlash drafter")
+    try:
+        from safetensors import safe_open
+        with safe_open(str(weights), framework="pt") as f:
+            f.keys()
+    except Exception as exc:  # noqa: BLE001  (safetensors raises its own and OS errors)
+        raise DataError(f"{weights} is corrupt: {exc}") from None
+    return cfg
+
+
+def load_drafter(path: str | Path, device="cpu") -> DFlashDrafter:
+    path = Path(path)
+    cfg = drafter_config(path)
+    cfg_file, weights = path / "config.json", path / "model.safetensors"
     drafter = DFlashDrafter(spec_from_config(cfg, str(cfg_file)))
     try:
         state = load_file(str(weights), device=str(device))

@@ -130,3 +130,38 @@ def test_speed_times_plain_and_drafted_greedy_decoding_at_batch_one(tmp_path, ta
     assert report["speed"]["outputs_equal"] and "speedup" in proc.stdout
     bad = run_module("dflash.eval", *args, "temperature=0.7", check=False)
     assert bad.returncode == 2 and "speed=true times greedy decoding" in bad.stderr
+
+
+@pytest.mark.parametrize("drafter, prompts, extra, named", [
+    ("missing", "ok", [], "drafter checkpoint .*missing: no such directory"),
+    ("cut", "ok", [], r"model.safetensors is corrupt"),
+    ("ok", "bad", [], r"prompts.jsonl:2: invalid JSON"),
+    ("ok", "ok", ["paths={tmp}"], r"is not a dflash data set: missing meta.json"),
+])
+def test_a_bad_drafter_prompt_file_or_data_set_is_refused_before_the_target_loads(
+        tmp_path, target, drafter, prompts, extra, named):
+    """The target is the slow part to load (minutes for a large one): what the user gives
+    besides it is read first. Here no target exists at all, so only an error about the
+    other inputs proves the order."""
+    import json
+    import re
+
+    from tests.helpers.run import run_module
+    from dflash.model.checkpoint import save_drafter
+
+    ok = tmp_path / "ok"
+    save_drafter(DFlashDrafter(DrafterSpec.from_target(
+        target, OmegaConf.structured(DrafterConfig()))), ok)
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "config.json").write_text((ok / "config.json").read_text())
+    (cut / "model.safetensors").write_bytes((ok / "model.safetensors").read_bytes()[:100])
+    good = json.dumps({"prompt_ids": [1, 2]}) + "\n"
+    (tmp_path / "prompts.jsonl").write_text(good + ("{\n" if prompts == "bad" else ""))
+    proc = run_module("dflash.eval", f"drafter={tmp_path / drafter}",
+                      f"prompts={tmp_path}/prompts.jsonl", f"model.target.path={tmp_path}/none",
+                      *[e.format(tmp=tmp_path) for e in extra],
+                      f"hydra.run.dir={tmp_path}/run", check=False)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert re.search(named, last) and f"{tmp_path}/none" not in last, last
