@@ -34,7 +34,8 @@ from dflash.eval.held_out import held_out_report
 from dflash.eval.teacher_forced import acceptance_gap
 from dflash.loggers import build_logger
 from dflash.metrics import Meter, NonFiniteGuard
-from dflash.model.build import build_draft_vocab, build_drafter, build_objective, model_record
+from dflash.model.build import (build_draft_vocab, build_drafter, build_objective, check_init,
+                                 model_record)
 from dflash.model.checkpoint import export_dtype
 from dflash.model.compile import compile_drafter
 from dflash.model.feature_cache import FeatureCache
@@ -64,6 +65,7 @@ class Trainer:
     # ---- build -----------------------------------------------------------------------
     def build(self) -> "Trainer":
         cfg = self.cfg
+        check_init(cfg.model.drafter)
         self.topo = topo = build_topology(cfg.topology)
         resolve_target_dtype(cfg.model.target, topo.target_device)
         use_compile_caches(cfg.data.cache_dir)  # before anything compiles or tunes

@@ -12,7 +12,8 @@ import logging
 import numpy as np
 import torch
 
-from dflash.model.checkpoint import check_compatible, load_drafter
+from dflash.errors import DataError
+from dflash.model.checkpoint import check_compatible, drafter_config, load_drafter
 from dflash.model.draft_vocab import DraftVocab
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.model.dspark import check_heads_objective, num_drafts
@@ -42,6 +43,16 @@ def build_drafter(cfg, target, mask_token_id: int | None, device) -> DFlashDraft
     if drafter.backend(device) == "flex":
         check_flex_block_size(spec.block_size)
     return drafter.to(device)
+
+
+def check_init(drafter_cfg) -> None:
+    """`model.drafter.init`'s files read before the target and data load (minutes on a
+    large target): a wrong path or a cut file is refused first."""
+    if drafter_cfg.get("init"):
+        try:
+            drafter_config(str(drafter_cfg.init))
+        except DataError as exc:
+            raise DataError(f"model.drafter.init: {exc}") from None
 
 
 def warm_start(drafter: DFlashDrafter, path: str) -> None:

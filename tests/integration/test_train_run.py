@@ -122,6 +122,23 @@ def test_a_warm_start_of_another_shape_names_the_field(tmp_path, cache, trained_
                                   "model.drafter.block_size=8"])
 
 
+def test_a_warm_start_that_cannot_load_is_refused_before_the_target_and_data(tmp_path):
+    """No target or data exists here: only a refusal of model.drafter.init proves it is
+    read first (a large target takes minutes to load)."""
+    from dflash.config import compose
+    from dflash.errors import DataError
+    from dflash.trainer import Trainer
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "config.json").write_text('{"architectures": ["DFlashDraftModel"]}')
+    (cut / "model.safetensors").write_bytes(b"\x10\x00")
+    for init, named in [(tmp_path / "nope", "no such directory"), (cut, "is corrupt")]:
+        cfg = compose("train", ["model=hf", f"model.target.path={tmp_path}/none", "data=tokenized",
+                                f"data.path={tmp_path}/none", f"model.drafter.init={init}"])
+        with pytest.raises(DataError, match=f"^model.drafter.init: .*{named}"):
+            Trainer(cfg, tmp_path / "run").build()
+
+
 def _runner(cache, out, overrides):
     return build_trainer(cache, out, "logger.progress=false", *overrides)
 
