@@ -163,8 +163,11 @@ def test_checkpoint_round_trip(tmp_path, target):
     (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"junk")
     with pytest.raises(DataError, match="model.safetensors is corrupt"):
         load_drafter(tmp_path / "ckpt")
-    with pytest.raises(DataError, match="config.json is missing"):
+    with pytest.raises(DataError, match="nothing: no such directory"):
         load_drafter(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="config.json is missing"):
+        load_drafter(tmp_path / "empty")
 
 
 def test_flex_attention_mask_equals_dense_mask(target):
