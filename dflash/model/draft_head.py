@@ -115,11 +115,13 @@ def main(argv=None) -> None:
 
     @user_errors_exit
     def run():
-        from transformers import AutoModelForCausalLM
-        lm = AutoModelForCausalLM.from_pretrained(str(a.target), local_files_only=True)
+        from dflash.model.checkpoint import drafter_config
+        from dflash.model.target import load_causal_lm
+        drafter_config(a.drafter)  # the drafter and data read before the target loads
+        data = TokenDataset.open(a.data).supervised_counts()
+        lm = load_causal_lm(a.target, torch.float32, key="--target")
         head = lm.get_output_embeddings().weight
         counts = np.zeros(head.shape[0], dtype=np.int64)
-        data = TokenDataset.open(a.data).supervised_counts()
         counts[:len(data)] = data[:len(counts)]
         vocab = DraftVocab.most_frequent(counts, a.size)
         out = save_draft_head(a.drafter, a.out, vocab.ids.tolist(), head)

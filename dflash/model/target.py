@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from dflash.errors import ConfigError, DataError
+from dflash.model.hf_config import hf_config
 
 
 class _StopForward(Exception):
@@ -107,19 +108,17 @@ def _set_attention(lm: nn.Module, name: str | None) -> nn.Module:
 
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype,
-                   attn_implementation: str | None = None) -> nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
+                   attn_implementation: str | None = None,
+                   key: str = "model.target.path") -> nn.Module:
+    from transformers import AutoModelForCausalLM
 
     path = Path(path)
-    if not (path / "config.json").exists():
-        raise DataError(f"model.target.path={path}: no config.json there (expected a local "
-                        "HF model directory)")
-    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    config = hf_config(path, key)
     try:
         lm = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype,
                                                   local_files_only=True)
     except ValueError as exc:
-        raise DataError(f"model.target.path={path}: {type(config).__name__} is not a causal "
+        raise DataError(f"{key}={path}: {type(config).__name__} is not a causal "
                         f"LM ({exc})") from exc
     return _set_attention(lm, attn_implementation)
 
@@ -130,13 +129,7 @@ def target_sizes(cfg) -> dict:
     if cfg.path is None:
         return {"hidden_size": int(cfg.hidden_size), "num_layers": int(cfg.num_hidden_layers),
                 "vocab_size": int(cfg.vocab_size)}
-    from transformers import AutoConfig
-
-    path = Path(cfg.path)
-    if not (path / "config.json").exists():
-        raise DataError(f"model.target.path={path}: no config.json there (expected a local "
-                        "HF model directory)")
-    hc = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    hc = hf_config(cfg.path)
     text = hc.get_text_config() if hasattr(hc, "get_text_config") else hc
     return {"hidden_size": int(text.hidden_size), "num_layers": int(text.num_hidden_layers),
             "vocab_size": int(getattr(hc, "vocab_size", None) or text.vocab_size)}

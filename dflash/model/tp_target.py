@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dflash.errors import ConfigError
+from dflash.model.hf_config import hf_config
 from dflash.model.target import Target, _set_attention
 
 
@@ -56,12 +57,11 @@ def check_transformers_version(version: str | None = None) -> None:
 
 def check_tp(path: str | Path, tp: int) -> None:
     """Refuse, naming the key, a target that cannot be split `tp` ways."""
-    from transformers import AutoConfig
     check_transformers_version()
     if importlib.util.find_spec("accelerate") is None:
         raise ConfigError("topology.target_tp needs the accelerate package: "
                           "pip install -e '.[tp]' (or pip install accelerate)")
-    hc = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    hc = hf_config(path)
     text = hc.get_text_config() if hasattr(hc, "get_text_config") else hc
     if not getattr(text, "base_model_tp_plan", None):
         raise ConfigError(f"topology.target_tp={tp}: {type(text).__name__} "

@@ -13,15 +13,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from dflash.errors import DataError
+from dflash.model.hf_config import hf_config
 
 
 def read_config(path):
-    from transformers import AutoConfig
-    path = Path(path)
-    if not (path / "config.json").exists():
-        raise DataError(f"model.target.path={path}: no config.json there (expected a local "
-                        "HF model directory, or its config.json and tokenizer files)")
-    return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    return hf_config(path, files="a local HF model directory, or its config.json and "
+                     "tokenizer files")
 
 
 class ConfigTokenizer:

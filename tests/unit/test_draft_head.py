@@ -2,6 +2,7 @@
 d2t offsets, as EAGLE-3 / speculators and llama.cpp's DSpark converter read them), read
 back by dflash, drafting over the kept rows only, and still lossless."""
 import json
+import re
 
 import pytest
 import torch
@@ -66,3 +67,31 @@ def test_a_head_whose_tables_disagree_is_refused_naming_the_export(models, tmp_p
         load_drafter(bad)
     with pytest.raises(DataError, match="repeats a token id"):
         save_draft_head(full, tmp_path / "dup", [3, 3], models[0].lm_head_weight)
+
+
+def test_the_app_reads_drafter_data_and_target_config_first_each_refused_in_one_line(
+        models, tmp_path, capsys):
+    """What the user names is read before the target's weights load; a directory whose
+    config.json transformers cannot read (not JSON, no model_type) is one line naming
+    the flag, not transformers' traceback."""
+    from dflash.data.format import DatasetWriter
+    from dflash.model.draft_head import main
+    full = models[2]
+    data = tmp_path / "data"
+    w = DatasetWriter(data, vocab_size=512)
+    w.add([1, 2, 3, 4], [0, 1, 1, 1])
+    w.close()
+    nomt, notjson = tmp_path / "nomt", tmp_path / "notjson"
+    for d, text in ((nomt, '{"hidden_size": 4}'), (notjson, "{oops")):
+        d.mkdir()
+        (d / "config.json").write_text(text)
+    for drafter, data_dir, target, named in [
+            (tmp_path / "nope", data, nomt, "drafter checkpoint .*nope: no such directory"),
+            (full, tmp_path, nomt, "is not a dflash data set"),
+            (full, data, nomt, r"--target=.*nomt: its config.json cannot be read .*model_type"),
+            (full, data, notjson, r"--target=.*notjson: its config.json cannot be read .*JSON")]:
+        with pytest.raises(SystemExit) as e:
+            main(["--drafter", str(drafter), "--data", str(data_dir), "--target", str(target),
+                  "--size", "4", "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and re.search(named, err[0]), err
