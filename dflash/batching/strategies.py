@@ -65,6 +65,8 @@ class Planner:
             boundaries = np.array([0, top], dtype=np.int64)
         self.boundaries = bk.check_boundaries(boundaries, self.lengths)
         self.spec = spec
+        if int(seed) < 0:  # numpy's generators take no negative seed
+            raise ConfigError(f"seed={seed}: give a seed >= 0")
         self.seed = int(seed)
         self.sample_bucket = bk.assign(self.lengths, self.boundaries)
         self.num_buckets = len(self.boundaries) - 1

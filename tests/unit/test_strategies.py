@@ -107,6 +107,8 @@ def test_bad_boundaries_are_named(boundaries, match):
 def test_unknown_strategy():
     with pytest.raises(ConfigError, match="batching.strategy must be one of"):
         Planner("sortd", np.array([1]), [0, 2], PackingSpec(10, 1))
+    with pytest.raises(ConfigError, match="seed=-1: give a seed >= 0"):  # numpy refuses it
+        Planner("sorted", np.array([1]), [0, 2], PackingSpec(10, 1), seed=-1)
 
 
 def test_code_asks_a_strategys_traits_not_its_name():
