@@ -99,9 +99,24 @@ def auto_decoding(cfg, tp_size: int) -> str | None:
     return None
 
 
+def check_settings(cfg) -> None:
+    """Sampling and output settings that cannot work, refused before the target loads."""
+    checks = [(float(cfg.temperature) >= 0, "temperature", "0 (greedy) or more"),
+              (0 <= float(cfg.top_p) <= 1, "top_p", "in [0, 1]"),
+              (int(cfg.max_new_tokens) >= 1, "max_new_tokens", "at least 1"),
+              (int(cfg.max_seq_len) > int(cfg.max_new_tokens), "max_seq_len",
+               f"more than max_new_tokens={cfg.max_new_tokens} (it holds the prompt too)"),
+              (0 <= float(cfg.confidence_stop) < 1, "confidence_stop", "in [0, 1)"),
+              (not Path(str(cfg.out)).is_dir(), "out", "a JSONL file's path, not a directory")]
+    for ok, key, want in checks:
+        if not ok:
+            raise ConfigError(f"{key}={cfg[key]}: must be {want}")
+
+
 def run_regenerate(cfg: DictConfig, out_dir) -> dict:
     # every rank started (torchrun, or a submitit/SLURM task) takes a share: the replica
     # count is the world
+    check_settings(cfg)
     export_submitit_env()
     cfg.topology.dp_size = int(os.environ.get("WORLD_SIZE", 1))
     topo = build_topology(cfg.topology)

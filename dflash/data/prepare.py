@@ -48,7 +48,12 @@ def load_tokenizer(path: str | Path):
     path = Path(path)
     if not path.is_dir():
         raise DataError(f"tokenizer directory not found: {path}")
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (ValueError, OSError, KeyError) as exc:  # no tokenizer files, or unreadable ones
+        said = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise DataError(f"tokenizer at {path} cannot be loaded by transformers (a "
+                        f"tokenizer.json or the model's tokenizer files are needed): {said}") from None
     if not getattr(tok, "chat_template", None):
         raise DataError(f"tokenizer at {path} has no chat template")
     if not getattr(tok, "is_fast", False):

@@ -84,3 +84,24 @@ def test_a_prompt_only_conversation_gets_its_reply_as_a_new_final_turn(tmp_path)
     assert rec["id"] == 7 and [m["role"] for m in rec["messages"]][-2:] == ["user", "assistant"]
     assert rec["messages"][-1]["content"] == "F"
     assert rec["token_ids"] == {"prompt": [1, 2], "reply": [5], "stop": 9, "template_kwargs": {}}
+
+
+@pytest.mark.parametrize("override, named", [
+    ("temperature=-1", "temperature=-1.0: must be 0"), ("top_p=1.5", "top_p=1.5"),
+    ("max_new_tokens=0", "max_new_tokens=0"), ("max_seq_len=64", "max_seq_len=64"),
+    ("out={tmp}", "not a directory"), ("tokenizer={tmp}", "cannot be loaded by transformers"),
+])
+def test_settings_and_a_tokenizer_that_cannot_work_are_refused_before_the_target_loads(
+        tmp_path, override, named):
+    """Each would have run the whole regeneration (an empty reply, a negative temperature
+    read as greedy) or failed at its end (out= a directory) or in transformers' traceback
+    (a model dir without tokenizer files); `tmp_path` holds no model, so only a refusal
+    of the setting itself can pass."""
+    from dflash.config import compose
+    from dflash.errors import UserError
+    from dflash.regenerate import run_regenerate
+    cfg = compose("regenerate", ["inputs=[in.jsonl]", f"out={tmp_path}/o.jsonl",
+                                 f"tokenizer={tmp_path}", "max_new_tokens=64",
+                                 override.format(tmp=tmp_path)])
+    with pytest.raises(UserError, match=named):
+        run_regenerate(cfg, tmp_path)
