@@ -31,6 +31,12 @@ class ToolError(UserError):
     """A subprocess or server failed: the message names it and where its output is."""
 
 
+def require(ok: bool, key: str, value, want: str) -> None:
+    """A setting outside what can work: one line naming the key, its value and the range."""
+    if not ok:
+        raise ConfigError(f"{key}={value}: must be {want}")
+
+
 def user_errors_exit(fn):
     """For an app's Hydra task function: a UserError ends the run with its one message
     and exit status 2, not a traceback."""

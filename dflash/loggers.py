@@ -26,6 +26,7 @@ from typing import Optional
 
 import numpy as np
 
+from dflash.errors import require
 from dflash.options import choice, options
 
 
@@ -209,6 +210,11 @@ def build_logger(cfg, out_dir: Path, resolved_config: dict, rank: int = 0,
 # ---- its config section (registered with Hydra by dflash.config) ----
 
 LoggerMode = options("LoggerMode", ("online", "offline", "disabled"))
+
+
+def check_logger(cfg) -> None:
+    """`logger.log_every` is the host sync's period: 0 or less never syncs."""
+    require(int(cfg.log_every) >= 1, "logger.log_every", cfg.log_every, ">= 1")
 
 
 @dataclass

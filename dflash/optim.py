@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash.errors import require
 from dflash.options import options
 from dflash.schedule import warmup_cosine
 from dflash.step import NONFINITE
@@ -29,6 +30,20 @@ def build_optimizer(params, cfg, total_steps: int, output_norm=None, norm_lr_sca
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: warmup_cosine(s, total_steps, ratio, floor))
     return opt, sched
+
+
+def check_optim(cfg) -> None:
+    """`optim.*` values that cannot work, refused at start (torch would raise a traceback
+    at the optimizer's build, after the target loaded, or train on silently)."""
+    require(float(cfg.lr) > 0, "optim.lr", cfg.lr, "> 0")
+    require(0 <= float(cfg.warmup_ratio) <= 1, "optim.warmup_ratio", cfg.warmup_ratio, "in [0, 1]")
+    require(float(cfg.weight_decay) >= 0, "optim.weight_decay", cfg.weight_decay, ">= 0")
+    require(float(cfg.grad_clip) >= 0, "optim.grad_clip", cfg.grad_clip, ">= 0 (0: off)")
+    for key in ("beta1", "beta2"):
+        require(0 <= float(cfg[key]) < 1, f"optim.{key}", cfg[key], "in [0, 1)")
+    require(0 <= float(cfg.min_lr_ratio) <= 1, "optim.min_lr_ratio", cfg.min_lr_ratio, "in [0, 1]")
+    require(int(cfg.micro_rows) >= 0, "optim.micro_rows", cfg.micro_rows, ">= 0 (0: whole batches)")
+    require(int(cfg.max_skips) >= 0, "optim.max_skips", cfg.max_skips, ">= 0")
 
 
 # ---- its config section (registered with Hydra by dflash.config) ----

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from dflash import config
 from dflash.data.loss_mask import end_of_turn_ids
 from dflash.data.prepare import load_tokenizer
-from dflash.errors import ConfigError, user_errors_exit
+from dflash.errors import ConfigError, require, user_errors_exit
 from dflash.generation.runner import Regeneration
 from dflash.step import resolve_target_dtype
 from dflash.model.compile import checked_backend
@@ -101,16 +101,13 @@ def auto_decoding(cfg, tp_size: int) -> str | None:
 
 def check_settings(cfg) -> None:
     """Sampling and output settings that cannot work, refused before the target loads."""
-    checks = [(float(cfg.temperature) >= 0, "temperature", "0 (greedy) or more"),
-              (0 <= float(cfg.top_p) <= 1, "top_p", "in [0, 1]"),
-              (int(cfg.max_new_tokens) >= 1, "max_new_tokens", "at least 1"),
-              (int(cfg.max_seq_len) > int(cfg.max_new_tokens), "max_seq_len",
-               f"more than max_new_tokens={cfg.max_new_tokens} (it holds the prompt too)"),
-              (0 <= float(cfg.confidence_stop) < 1, "confidence_stop", "in [0, 1)"),
-              (not Path(str(cfg.out)).is_dir(), "out", "a JSONL file's path, not a directory")]
-    for ok, key, want in checks:
-        if not ok:
-            raise ConfigError(f"{key}={cfg[key]}: must be {want}")
+    require(float(cfg.temperature) >= 0, "temperature", cfg.temperature, "0 (greedy) or more")
+    require(0 <= float(cfg.top_p) <= 1, "top_p", cfg.top_p, "in [0, 1]")
+    require(int(cfg.max_new_tokens) >= 1, "max_new_tokens", cfg.max_new_tokens, ">= 1")
+    require(int(cfg.max_seq_len) > int(cfg.max_new_tokens), "max_seq_len", cfg.max_seq_len,
+            f"more than max_new_tokens={cfg.max_new_tokens} (it holds the prompt too)")
+    require(0 <= float(cfg.confidence_stop) < 1, "confidence_stop", cfg.confidence_stop, "in [0, 1)")
+    require(not Path(str(cfg.out)).is_dir(), "out", cfg.out, "a JSONL file's path, not a directory")
 
 
 def run_regenerate(cfg: DictConfig, out_dir) -> dict:

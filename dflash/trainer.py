@@ -30,16 +30,18 @@ from dflash.batching.packed_rows import anchor_slots
 from dflash.batching.report import plan_info, plan_quality
 from dflash.batching.run_length import RunLength
 from dflash.batching.strategies import planner_for
+from dflash.eval.config import check_eval_config
 from dflash.eval.held_out import held_out_report
 from dflash.eval.teacher_forced import acceptance_gap
-from dflash.loggers import build_logger
+from dflash.loggers import build_logger, check_logger
 from dflash.metrics import Meter, NonFiniteGuard
 from dflash.model.build import (build_draft_vocab, build_drafter, build_objective, check_init,
                                  model_record)
 from dflash.model.checkpoint import export_dtype
 from dflash.model.compile import compile_drafter
 from dflash.model.feature_cache import FeatureCache
-from dflash.optim import build_optimizer
+from dflash.model.config import check_drafter_config
+from dflash.optim import build_optimizer, check_optim
 from dflash.options import choice
 from dflash.pipeline import Pipeline
 from dflash.preemption import SignalStop, requeue_job
@@ -57,6 +59,16 @@ from dflash.warmup.shapes import build_shape_plan
 log = logging.getLogger("dflash.trainer")
 
 
+def check_settings(cfg) -> None:
+    """Every section's values that cannot work, and the warm start's files, refused before
+    the target loads (minutes on a large one); preflight runs the same."""
+    check_optim(cfg.optim)
+    check_drafter_config(cfg.model.drafter)
+    check_eval_config(cfg.eval)
+    check_logger(cfg.logger)
+    check_init(cfg.model.drafter)
+
+
 class Trainer:
     def __init__(self, cfg, out_dir: str | Path):
         self.cfg = cfg
@@ -65,7 +77,7 @@ class Trainer:
     # ---- build -----------------------------------------------------------------------
     def build(self) -> "Trainer":
         cfg = self.cfg
-        check_init(cfg.model.drafter)
+        check_settings(cfg)
         self.topo = topo = build_topology(cfg.topology)
         resolve_target_dtype(cfg.model.target, topo.target_device)
         use_compile_caches(cfg.data.cache_dir)  # before anything compiles or tunes

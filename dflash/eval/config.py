@@ -4,9 +4,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash.data.prompt_formats import FORMATS as PROMPT_FORMATS
+from dflash.errors import require
 from dflash.options import options
 
 PromptFormat = options("PromptFormat", ("prompt_ids", *PROMPT_FORMATS))
+
+
+def check_eval_config(e) -> None:
+    """`eval.*` that would measure nothing (no prompt, no token) while enabled."""
+    if not bool(e.enabled):
+        return
+    require(int(e.num_prompts) >= 1, "eval.num_prompts", e.num_prompts, ">= 1 (or eval.enabled=false)")
+    require(int(e.max_new_tokens) >= 1, "eval.max_new_tokens", e.max_new_tokens, ">= 1")
+    require(int(e.batch_size) >= 1, "eval.batch_size", e.batch_size, ">= 1")
+    require(float(e.temperature) >= 0, "eval.temperature", e.temperature, "0 (greedy) or more")
+    require(int(e.every_steps) >= 0, "eval.every_steps", e.every_steps, ">= 0 (0: before and after only)")
 
 
 @dataclass

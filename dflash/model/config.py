@@ -7,6 +7,7 @@ from typing import List, Optional
 from dflash.kernels.lm_head_loss import LOSS_IMPLS
 from dflash.model.drafter import ATTENTION_BACKENDS
 from dflash.model.loss import LOSS_KINDS, LOSS_NORMS
+from dflash.errors import require
 from dflash.options import options
 
 # option tuples of the model group that the code below this package reads too
@@ -95,6 +96,16 @@ class DrafterConfig:
     # the block layout: false - slot 0 is the anchor, slots 1..B-1 draft (B-1 drafts, the
     # z-lab layout); true - anchor-first, slot k drafts anchor + k + 1 (B drafts, DeepSpec)
     sample_from_anchor: bool = False
+
+
+def check_drafter_config(d) -> None:
+    """`model.drafter.*` sizes that cannot make a drafter, refused at start (a block of
+    one token drafts nothing unless anchor-first; 0 layers or anchors fail in torch)."""
+    require(int(d.num_layers) >= 1, "model.drafter.num_layers", d.num_layers, ">= 1")
+    least = 1 if bool(d.sample_from_anchor) else 2
+    require(int(d.block_size) >= least, "model.drafter.block_size", d.block_size,
+            f">= {least} (the anchor and at least one draft)" if least == 2 else ">= 1")
+    require(int(d.num_anchors) >= 1, "model.drafter.num_anchors", d.num_anchors, ">= 1")
 
 
 @dataclass

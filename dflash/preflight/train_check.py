@@ -20,7 +20,9 @@ from dflash.preflight.world import World
 
 def check_train(cmd: Command, world: World, session: Session, rep: Report) -> None:
     from dflash.run.identity import check_run_dir
+    from dflash.trainer import check_settings
     cfg = compose(cmd)
+    check_settings(cfg)  # the real start's first check
     place = placement(cfg.topology, cmd, world)
     tcfg = cfg.model.target
     not_on_cpu(place, world, tcfg.path, "dflash.train")

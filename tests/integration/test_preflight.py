@@ -78,6 +78,9 @@ def test_taps_and_mask_token_come_from_the_targets_own_files(models, name, taps,
     pytest.param("python -m dflash.train experiment=production topology=single_gpu "
                  "data.path=d optim.micro_rows=0", "1x1x80", "set optim.micro_rows=",
                  marks=pytest.mark.slow),  # (three 8B estimates: ~18 s)
+    # a setting that cannot work, as the real start's first check refuses it
+    ("python -m dflash.train experiment=production topology=single_gpu optim.lr=0 "
+     "data.path=d", "1x1x80", "optim.lr=0.0: must be > 0"),
     # the recipe without its data
     ("python -m dflash.train experiment=production topology=single_gpu", "1x1x80",
      "data=tokenized needs data.path=DIR"),

@@ -1,3 +1,4 @@
+import re
 
 import pytest
 from hydra.errors import ConfigCompositionException
@@ -122,3 +123,31 @@ def test_every_app_keeps_its_files_where_the_dirs_group_says(monkeypatch, tmp_pa
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose("plan", ["dirs.outputs=/runs"], return_hydra_config=True)
         assert cfg.hydra.run.dir.startswith("/runs/")
+
+
+@pytest.mark.parametrize("override, named", [
+    ("optim.lr=-1", "optim.lr=-1.0: must be > 0"),  # (torch's own ValueError before)
+    ("optim.warmup_ratio=2", "optim.warmup_ratio=2.0: must be in [0, 1]"),
+    ("optim.beta2=1", "optim.beta2=1.0"),
+    ("model.drafter.block_size=1", "model.drafter.block_size=1: must be >= 2"),  # (trained at loss 0)
+    ("model.drafter.num_layers=0", "model.drafter.num_layers=0: must be >= 1"),  # (trained no layer)
+    ("model.drafter.num_anchors=0", "model.drafter.num_anchors=0"),  # (a reshape error in torch)
+    ("logger.log_every=0", "logger.log_every=0"),
+    ("eval.num_prompts=0", "eval.num_prompts=0"),  # (an eval of no prompt)
+])
+def test_a_setting_that_cannot_work_is_refused_before_the_target_or_data_load(
+        tmp_path, override, named):
+    """No target or data exists here: only the setting's own refusal can be raised."""
+    from dflash.errors import ConfigError
+    from dflash.trainer import Trainer
+    cfg = compose("train", ["model=hf", f"model.target.path={tmp_path}/none", "data=tokenized",
+                            f"data.path={tmp_path}/none", override])
+    with pytest.raises(ConfigError, match=f"^{re.escape(named)}"):
+        Trainer(cfg, tmp_path).build()
+
+
+def test_anchor_first_blocks_may_be_one_token():
+    """sample_from_anchor: slot 0 drafts anchor + 1, so a block of 1 still drafts."""
+    from dflash.model.config import check_drafter_config
+    check_drafter_config(compose("train", ["model.drafter.block_size=1",
+                                           "model.drafter.sample_from_anchor=true"]).model.drafter)
