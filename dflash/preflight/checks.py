@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from dflash.errors import ConfigError, DataError, TopologyError, UserError
-from dflash.preflight.command import Command
+from dflash.preflight.command import AUTO, Command
 from dflash.preflight.common import APP_CONFIG, Session, compose
 from dflash.preflight.decode_check import check_eval, check_regenerate
 from dflash.preflight.report import Report
@@ -29,6 +29,11 @@ def check(cmd: Command, world: World, session: Session | None = None) -> Report:
     session = session or Session()
     rep = Report(cmd.text, str(world), app=cmd.module)
     try:
+        if cmd.nproc_per_node == AUTO:  # torchrun --nproc_per_node=auto|gpu
+            if not world.has_gpu:
+                raise TopologyError("torchrun --nproc_per_node=auto starts one process a GPU; "
+                                    "this world has none: give a number")
+            cmd.nproc_per_node = world.gpus_per_node
         if world.has_gpu and cmd.nnodes > world.nodes:
             raise TopologyError(f"the command starts {cmd.nnodes} nodes (torchrun --nnodes), "
                                 f"the world has {world.nodes}")

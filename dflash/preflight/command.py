@@ -22,6 +22,9 @@ APPS = ("dflash.train", "dflash.regenerate", "dflash.eval", "dflash.plan", "dfla
         "dflash.recipe.engine_speed", "dflash.model.draft_head")
 
 
+AUTO = 0  # torchrun --nproc_per_node=auto|gpu: one process a GPU of the world's nodes
+
+
 @dataclass
 class Command:
     module: str  # dflash.train, ...
@@ -37,8 +40,8 @@ class Command:
 
     @property
     def overrides(self) -> list:
-        """Hydra overrides (key=value, group=option, --multirun dropped)."""
-        return [a for a in self.args if "=" in a and not a.startswith("-")]
+        """Hydra overrides (key=value, group=option, ~key; --multirun dropped)."""
+        return [a for a in self.args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
 
     @property
     def multirun(self) -> bool:
@@ -51,11 +54,22 @@ def _int_opt(tokens: list, i: int, name: str) -> tuple[int | None, int]:
     tok = tokens[i]
     for spelling in (f"--{name}", f"--{name.replace('_', '-')}"):
         if tok.startswith(spelling + "="):
-            v = tok.split("=", 1)[1]
-            return int(v.split(":")[-1]), 1  # --nnodes=1:4 (elastic): the most nodes
+            return _count(tok.split("=", 1)[1], spelling), 1
         if tok == spelling and i + 1 < len(tokens):
-            return int(tokens[i + 1].split(":")[-1]), 2
+            return _count(tokens[i + 1], spelling), 2
     return None, 0
+
+
+def _count(v: str, flag: str) -> int:
+    """torchrun's count: N, MIN:MAX (elastic: the most), or for processes a node `auto` /
+    `gpu` (one a GPU: AUTO, resolved against the world)."""
+    if flag.startswith("--nproc") and v in ("auto", "gpu"):
+        return AUTO
+    try:
+        return int(v.split(":")[-1])
+    except ValueError:
+        want = "a number, auto or gpu" if flag.startswith("--nproc") else "a number or MIN:MAX"
+        raise ConfigError(f"torchrun {flag}={v}: give {want}") from None
 
 
 def parse(text: str) -> Command:

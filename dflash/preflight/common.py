@@ -26,10 +26,27 @@ class Session:
     estimates: dict = field(default_factory=dict)
 
 
+# Hydra's own command-line flags that take a value (the value is not an override)
+HYDRA_VALUE_FLAGS = {"--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd",
+                     "--package", "-p", "--cfg", "-c", "--info", "-i", "--experimental-rerun"}
+
+
+def check_overrides(cmd: Command) -> None:
+    """A word the app's Hydra would refuse (`lr 3e-4`, a lone `production`): refused here
+    too, not dropped."""
+    for i, a in enumerate(cmd.args):
+        flag = a.startswith("-")
+        value_of_flag = i > 0 and cmd.args[i - 1] in HYDRA_VALUE_FLAGS
+        if not flag and not value_of_flag and "=" not in a and not a.startswith("~"):
+            raise ConfigError(f"{cmd.module}: {a!r} is not a Hydra override (key=value, "
+                              "group=option, +key=value or ~key)")
+
+
 def compose(cmd: Command, hydra: bool = False):
     from dflash.config import compose as dflash_compose, register
     from hydra import compose as hydra_compose, initialize_config_dir
     from dflash.config import CONF_DIR
+    check_overrides(cmd)
     overrides = _first_of_sweeps(cmd.overrides) if cmd.multirun else cmd.overrides
     if not hydra:
         return dflash_compose(APP_CONFIG[cmd.module], overrides)

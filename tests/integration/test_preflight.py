@@ -4,7 +4,8 @@ import pytest
 
 from dflash.preflight.__main__ import main
 from dflash.preflight.checks import Session, check
-from dflash.preflight.command import parse
+from dflash.errors import ConfigError
+from dflash.preflight.command import AUTO, parse
 from dflash.preflight.world import World
 from tests.helpers.model_fixtures import write_model
 
@@ -27,6 +28,25 @@ def test_a_command_is_read_as_its_launcher_reads_it():
               "hydra.launcher.nodes=4 hydra.launcher.tasks_per_node=8 out=o.jsonl")
     assert (s.nnodes, s.nproc_per_node, s.multirun) == (4, 8, True)
     assert World.parse("4x8x80") == World(4, 8, 80.0) and not World.parse("cpu").has_gpu
+    # torchrun's own words for one process a GPU; anything else is refused by name
+    a = parse("torchrun --nproc_per_node=gpu -m dflash.train experiment=production ~eval")
+    assert a.nproc_per_node == AUTO and a.overrides == ["experiment=production", "~eval"]
+    with pytest.raises(ConfigError, match=r"--nproc_per_node=x: give a number, auto or gpu"):
+        parse("torchrun --nproc_per_node=x -m dflash.train")
+
+
+@pytest.mark.parametrize("command, refusal", [
+    # a typo of a recipe's name composed the CPU defaults silently (an optional group)
+    ("python -m dflash.train experiment=prodution", "Could not find 'experiment/prodution'"),
+    ("python -m dflash.plan experiment=prodution", "Could not find 'experiment/prodution'"),
+    # a word Hydra refuses at the real start was dropped here
+    ("python -m dflash.train experiment=production topology single_gpu",
+     "'topology' is not a Hydra override"),
+    ("torchrun --nproc_per_node=auto -m dflash.train", "this world has none: give a number"),
+])
+def test_a_command_its_real_start_refuses_is_refused_before_anything_is_read(command, refusal):
+    rep = check(parse(command), World.parse("cpu"))
+    assert not rep.ok and refusal in rep.refused, rep.refused
 
 
 @pytest.mark.parametrize("name, taps, mask", [

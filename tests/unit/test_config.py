@@ -151,3 +151,11 @@ def test_anchor_first_blocks_may_be_one_token():
     from dflash.model.config import check_drafter_config
     check_drafter_config(compose("train", ["model.drafter.block_size=1",
                                            "model.drafter.sample_from_anchor=true"]).model.drafter)
+
+
+@pytest.mark.parametrize("app", ["train", "plan", "profile"])
+def test_an_experiment_that_is_not_one_is_refused_not_skipped(app):
+    """A typo of a recipe's name must not train the CPU defaults on an 8-GPU node."""
+    from hydra.errors import MissingConfigException
+    with pytest.raises(MissingConfigException, match="Could not find 'experiment/prodution'"):
+        compose(app, ["experiment=prodution"])
