@@ -47,5 +47,9 @@ def apply_to_lengths(lengths: np.ndarray, max_seq_len: int, policy: str,
                         "set data.overlong=truncate or drop)")
     if policy == "truncate":
         return np.minimum(lengths, max_seq_len), keep, report
+    if over.all():
+        raise DataError(f"{source}: data.overlong=drop would drop all {len(lengths)} samples "
+                        f"(the shortest has {int(lengths.min())} tokens, more than "
+                        f"data.max_seq_len={max_seq_len}): raise data.max_seq_len")
     report.tokens_removed = int(lengths[over].sum(dtype=np.int64))
     return lengths[~over], keep[~over], report

@@ -66,6 +66,9 @@ def test_overlong_policies():
         apply_to_lengths(lengths, 10, "error")
     with pytest.raises(ConfigError, match="data.overlong must be one of"):
         apply_to_lengths(lengths, 10, "cut")
+    # dropping every sample leaves nothing to plan: refused with the shortest sample
+    with pytest.raises(DataError, match=r"would drop all 4 samples \(the shortest has 5 tokens"):
+        apply_to_lengths(lengths, 4, "drop")
 
 
 def test_synthetic_tokens_are_markov_and_masked(tmp_path):
