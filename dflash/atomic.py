@@ -16,3 +16,4 @@ def write_text_atomic(path, text: str) -> Path:
         os.fsync(f.fileno())
     tmp.replace(path)
     return path
+

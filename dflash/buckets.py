@@ -22,6 +22,7 @@ import yaml
 from omegaconf import DictConfig
 
 from dflash import config
+from dflash.errors import check_file_path
 from dflash.batching.bucket_fit.optimal import (build_cost_table, choose_auto, optimal_fits, predict,
                                                 simulate, simulate_seconds)
 from dflash.batching.bucket_fit.caps import fit_bucket_caps
@@ -52,6 +53,8 @@ def parse_k(value) -> int | str:
 
 def run_buckets(cfg: DictConfig) -> dict:
     k = parse_k(cfg.num_buckets)
+    check_file_path("out", cfg.out)
+    check_file_path("plot", cfg.plot)
     data = load_data(cfg.data, lengths_file=cfg.lengths_file)
     lengths = data.lengths
     spec = PackingSpec.from_cfg(cfg.batching)

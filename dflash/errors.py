@@ -37,6 +37,20 @@ def require(ok: bool, key: str, value, want: str) -> None:
         raise ConfigError(f"{key}={value}: must be {want}")
 
 
+def check_file_path(key: str, value) -> None:
+    """`key=value` names a file an app writes at its end: one that cannot be written
+    there (a directory, or a parent that is a file) is refused before the work."""
+    from pathlib import Path
+    if not value:
+        return
+    path = Path(str(value))
+    if path.is_dir():
+        raise ConfigError(f"{key}={value}: a directory; give a file's path")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ConfigError(f"{key}={value}: {parent} is a file, not a directory")
+
+
 def user_errors_exit(fn):
     """For an app's Hydra task function: a UserError ends the run with its one message
     and exit status 2, not a traceback."""

@@ -60,6 +60,7 @@ def check_inputs(cfg) -> None:
     """The settings, the drafter's files, token-id prompts and the paths= data set: a bad
     one is refused in one line before the target is loaded."""
     from dflash.data.format import TokenDataset
+    from dflash.errors import check_file_path
     from dflash.model.checkpoint import drafter_config
     from dflash.errors import require
     from dflash.options import choice
@@ -69,6 +70,7 @@ def check_inputs(cfg) -> None:
     require(int(cfg.batch_size) >= 1, "batch_size", cfg.batch_size, ">= 1")
     require(float(cfg.temperature) >= 0, "temperature", cfg.temperature, "0 (greedy) or more")
     require(0 <= float(cfg.confidence_stop) < 1, "confidence_stop", cfg.confidence_stop, "in [0, 1)")
+    check_file_path("out", cfg.out)
     drafter_config(cfg.drafter)
     if cfg.prompts and choice(cfg.format) == "prompt_ids":  # (others need the tokenizer)
         load_prompts(cfg.prompts, int(cfg.num_prompts))

@@ -19,6 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash import config
+from dflash.errors import check_file_path
 from dflash.batching.packed_rows import anchor_slots_per_row
 from dflash.batching.report import format_report, plan_report
 from dflash.batching.step_cost import load_cost_file, predict_steps
@@ -107,6 +108,7 @@ def format_cost(c: dict) -> str:
 
 
 def run_plan(cfg: DictConfig) -> dict:
+    check_file_path("report", cfg.report)
     report = report_for(cfg, load_data(cfg.data, lengths_file=cfg.lengths_file), cfg.dump)
     entries = write_report(Path(cfg.report), report) if cfg.report else [report]
     if cfg.plot:

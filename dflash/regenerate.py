@@ -22,6 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from dflash import config
+from dflash.errors import check_file_path
 from dflash.data.loss_mask import end_of_turn_ids
 from dflash.data.prepare import load_tokenizer
 from dflash.errors import ConfigError, require, user_errors_exit
@@ -107,7 +108,7 @@ def check_settings(cfg) -> None:
     require(int(cfg.max_seq_len) > int(cfg.max_new_tokens), "max_seq_len", cfg.max_seq_len,
             f"more than max_new_tokens={cfg.max_new_tokens} (it holds the prompt too)")
     require(0 <= float(cfg.confidence_stop) < 1, "confidence_stop", cfg.confidence_stop, "in [0, 1)")
-    require(not Path(str(cfg.out)).is_dir(), "out", cfg.out, "a JSONL file's path, not a directory")
+    check_file_path("out", cfg.out)
 
 
 def run_regenerate(cfg: DictConfig, out_dir) -> dict:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from dflash.errors import check_file_path
 from dflash.errors import DataError, user_errors_exit
 from dflash.dirs import cache_root
 from dflash.records import to_json
@@ -192,6 +193,7 @@ def parser() -> argparse.ArgumentParser:
 @user_errors_exit
 def main(argv=None) -> SpeedReport:
     a = parser().parse_args(argv)
+    check_file_path("--out", a.out)
     tree = llama_cpp_tree(a.llama_cpp, "--llama-cpp")
     a.work.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(a.prompts, a.limit)

@@ -63,13 +63,21 @@ def test_plan_app_bad_input_fails_clearly(tmp_path):
     assert proc.returncode != 0 and "sample 1 has length 60000" in proc.stderr
 
 
-@pytest.mark.parametrize("case", ["negative", "missing", "unsorted"])
+@pytest.mark.parametrize("case", ["negative", "missing", "unsorted", "report a dir",
+                                  "preset a dir", "preset under a file"])
 def test_user_errors_end_with_one_message_not_a_traceback(tmp_path, case):
     np.save(tmp_path / "neg.npy", np.array([5, -3, 7]))
-    args = {"negative": [f"lengths_file={tmp_path}/neg.npy"],
-            "missing": [f"lengths_file={tmp_path}/nope.npy"],
-            "unsorted": ["buckets.kind=fixed", "buckets.boundaries=[1,500,200,9000]"]}[case]
-    proc = _run("dflash.plan", *args, f"hydra.run.dir={tmp_path}/run", check=False)
+    np.save(tmp_path / "ok.npy", np.array([10, 20, 30, 400]))
+    ok = f"lengths_file={tmp_path}/ok.npy"
+    app, args = {"negative": ("plan", [f"lengths_file={tmp_path}/neg.npy"]),
+                 "missing": ("plan", [f"lengths_file={tmp_path}/nope.npy"]),
+                 "unsorted": ("plan", ["buckets.kind=fixed", "buckets.boundaries=[1,500,200,9000]"]),
+                 # a file written at the end, named where it cannot be: refused at start
+                 "report a dir": ("plan", [ok, f"report={tmp_path}"]),
+                 "preset a dir": ("buckets", [ok, "num_buckets=2", f"out={tmp_path}"]),
+                 "preset under a file": ("buckets", [ok, "num_buckets=2",
+                                                     f"out={tmp_path}/ok.npy/p.yaml"])}[case]
+    proc = _run(f"dflash.{app}", *args, f"hydra.run.dir={tmp_path}/run", check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("dflash: error:") and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -89,7 +89,7 @@ def test_a_prompt_only_conversation_gets_its_reply_as_a_new_final_turn(tmp_path)
 @pytest.mark.parametrize("override, named", [
     ("temperature=-1", "temperature=-1.0: must be 0"), ("top_p=1.5", "top_p=1.5"),
     ("max_new_tokens=0", "max_new_tokens=0: must be >= 1"), ("max_seq_len=64", "max_seq_len=64"),
-    ("out={tmp}", "not a directory"), ("tokenizer={tmp}", "cannot be loaded by transformers"),
+    ("out={tmp}", "a directory; give a file"), ("tokenizer={tmp}", "cannot be loaded by transformers"),
 ])
 def test_settings_and_a_tokenizer_that_cannot_work_are_refused_before_the_target_loads(
         tmp_path, override, named):
