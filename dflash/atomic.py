@@ -16,4 +16,3 @@ def write_text_atomic(path, text: str) -> Path:
         os.fsync(f.fileno())
     tmp.replace(path)
     return path
-
