@@ -22,13 +22,12 @@ import yaml
 from omegaconf import DictConfig
 
 from dflash import config
-from dflash.errors import check_file_path
 from dflash.batching.bucket_fit.optimal import (build_cost_table, choose_auto, optimal_fits, predict,
                                                 simulate, simulate_seconds)
 from dflash.batching.bucket_fit.caps import fit_bucket_caps
 from dflash.batching.step_cost import load_cost_file
 from dflash.batching.bucket_fit.refine import refine_by_simulation
-from dflash.errors import DataError, user_errors_exit
+from dflash.errors import DataError, check_file_path, user_errors_exit
 from dflash.batching.metrics import format_table
 from dflash.batching.strategies import PackingSpec
 from dflash.data.build import load_data

@@ -60,9 +60,8 @@ def check_inputs(cfg) -> None:
     """The settings, the drafter's files, token-id prompts and the paths= data set: a bad
     one is refused in one line before the target is loaded."""
     from dflash.data.format import TokenDataset
-    from dflash.errors import check_file_path
+    from dflash.errors import check_file_path, require
     from dflash.model.checkpoint import drafter_config
-    from dflash.errors import require
     from dflash.options import choice
     n = int(cfg.num_prompts)
     require(n == -1 or n >= 1, "num_prompts", n, ">= 1, or -1 for every prompt")

@@ -19,7 +19,6 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash import config
-from dflash.errors import check_file_path
 from dflash.batching.packed_rows import anchor_slots_per_row
 from dflash.batching.report import format_report, plan_report
 from dflash.batching.step_cost import load_cost_file, predict_steps
@@ -28,7 +27,7 @@ from dflash.options import choice
 from dflash.data.build import Data, load_data
 from dflash.warmup.profile import model_identity
 from dflash.warmup.shapes import build_shape_plan, format_shape_report
-from dflash.errors import user_errors_exit
+from dflash.errors import check_file_path, user_errors_exit
 
 config.register()  # the schemas every app composes against
 

@@ -22,10 +22,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from dflash import config
-from dflash.errors import check_file_path
 from dflash.data.loss_mask import end_of_turn_ids
 from dflash.data.prepare import load_tokenizer
-from dflash.errors import ConfigError, require, user_errors_exit
+from dflash.errors import ConfigError, check_file_path, require, user_errors_exit
 from dflash.generation.runner import Regeneration
 from dflash.step import resolve_target_dtype
 from dflash.model.compile import checked_backend

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from dflash.errors import check_file_path
-from dflash.errors import DataError, user_errors_exit
+from dflash.errors import DataError, check_file_path, user_errors_exit
 from dflash.dirs import cache_root
 from dflash.records import to_json
 from dflash.recipe.llama_cpp import (_complete, dflash_args, llama_cpp_tree, serving, slot_context,
