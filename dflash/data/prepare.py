@@ -31,7 +31,7 @@ import numpy as np
 from jinja2.exceptions import TemplateError
 from tqdm.auto import tqdm
 
-from dflash.errors import DataError, user_errors_exit
+from dflash.errors import ConfigError, DataError, user_errors_exit
 from dflash.data.chat_formats import record_messages
 from dflash.data.format import DatasetWriter, TokenDataset
 from dflash.data.loss_mask import assistant_mask, cut_turns, end_of_turn_ids, regenerated_mask
@@ -118,9 +118,15 @@ def prepare(jsonl: str | Path, tokenizer_dir: str | Path, out: str | Path,
     check_policy(overlong)
     if bad_lines not in BAD_LINE_POLICIES:
         raise DataError(f"bad_lines must be one of {BAD_LINE_POLICIES}, got {bad_lines!r}")
+    if int(max_seq_len) < 1 or int(workers) < 0:
+        raise ConfigError(f"--max-seq-len must be >= 1 and --workers >= 0 (got {max_seq_len}, "
+                          f"{workers})")
     jsonl = Path(jsonl)
     if not jsonl.exists():
         raise DataError(f"JSONL file not found: {jsonl}")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"--out {out}: a file; the data set is a directory (give a new or "
+                          "a data set's directory)")
     tok = load_tokenizer(tokenizer_dir)
     report = OverlongReport(overlong, int(max_seq_len))
     skipped: list[str] = []

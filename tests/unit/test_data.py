@@ -128,6 +128,12 @@ def test_prepare_overlong_and_bad_lines(tmp_path, chat_tokenizer):
         prepare(tmp_path / "none.jsonl", chat_tokenizer, tmp_path / "n")
     with pytest.raises(DataError, match="tokenizer directory not found"):
         prepare(f, tmp_path / "no-tok", tmp_path / "n")
+    # settings and an --out that cannot work: refused before a line is read
+    with pytest.raises(ConfigError, match="--max-seq-len must be >= 1"):
+        prepare(f, chat_tokenizer, tmp_path / "n", max_seq_len=0)
+    with pytest.raises(ConfigError, match="c.jsonl: a file; the data set is a directory"):
+        prepare(f, chat_tokenizer, f)
+    assert f.read_text().count("\n") == 2  # the input itself untouched
 
 
 def test_prepare_handles_templates_that_rewrite_past_turns(tmp_path, chat_tokenizer):
