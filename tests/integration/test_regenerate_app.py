@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
+from tests.helpers.http import send_json
 from tests.helpers.paths import REPO
 from tests.helpers.run import run_module, torchrun_ok
 
@@ -161,12 +162,7 @@ class _Server(BaseHTTPRequestHandler):
                      "role": "assistant", "content": f"re: {last}",
                      "reasoning_content": "thought"}}],
                  "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, reply)
 
 
 def test_openai_backend_each_turn_with_retries_and_bounded_concurrency(tmp_path, chat_tokenizer):
@@ -271,15 +267,11 @@ class _FlakyServer(BaseHTTPRequestHandler):
             self.send_response(503)
             self.end_headers()
             return
-        data = json.dumps({"id": "x", "object": "chat.completion", "created": 0,
-                           "model": body["model"], "choices": [{"index": 0, "finish_reason": "stop",
-                           "message": {"role": "assistant", "content": f"re: {last}"}}]}).encode()
+        reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                 "choices": [{"index": 0, "finish_reason": "stop",
+                              "message": {"role": "assistant", "content": f"re: {last}"}}]}
         try:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, reply)
         except (BrokenPipeError, ConnectionResetError):  # the timed-out request's client left
             pass
 

@@ -1,12 +1,12 @@
 """The OpenAI-compatible backend against the reply shapes servers really send: a real
 HTTP server on loopback answers each prompt with another server's shape."""
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import SimpleNamespace
 
 from dflash.decode.backend import Sampling
 from dflash.decode.server import OpenAIBackend
+from tests.helpers.http import send_json, serving
 
 MESSAGE = {"role": "assistant", "content": "the answer"}
 # the prompt -> what the server puts in its reply's choices
@@ -27,28 +27,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                 "choices": CHOICES[body["messages"][-1]["content"]]}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, {"id": "x", "object": "chat.completion", "created": 0,
+                         "model": body["model"], "choices": CHOICES[body["messages"][-1]["content"]]})
 
 
 def test_reasoning_under_either_name_and_a_reply_without_a_choice_is_a_failed_request():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
+    with serving(_Handler) as port:
         backend = OpenAIBackend(SimpleNamespace(
-            base_url=f"http://127.0.0.1:{srv.server_port}/v1", model="m", api_key_env="NONE",
+            base_url=f"http://127.0.0.1:{port}/v1", model="m", api_key_env="NONE",
             concurrency=2, timeout=10, retries=0), Sampling(max_new_tokens=8))
         reqs = [SimpleNamespace(key=k, messages=[{"role": "user", "content": k}]) for k in CHOICES]
         out = {r["key"]: r for r in backend.generate(reqs)}
-    finally:
-        srv.shutdown()
-        srv.server_close()
     assert out["sglang"]["reasoning"] == "thought a" and out["sglang"]["finish_reason"] == "stop"
     assert out["vllm"]["reasoning"] == "thought b" and out["vllm"]["finish_reason"] == "length"
     assert out["vllm"]["text"] == "the answer" and out["vllm"]["tokens"] == 0  # no usage sent
