@@ -56,13 +56,9 @@ def eval_report(cfg) -> EvalReport:
     return report
 
 
-def check_inputs(cfg) -> None:
-    """The settings, the drafter's files, token-id prompts and the paths= data set: a bad
-    one is refused in one line before the target is loaded."""
-    from dflash.data.format import TokenDataset
+def check_settings(cfg) -> None:
+    """Values that cannot work, and an out= that cannot be written."""
     from dflash.errors import check_file_path, require
-    from dflash.model.checkpoint import drafter_config
-    from dflash.options import choice
     n = int(cfg.num_prompts)
     require(n == -1 or n >= 1, "num_prompts", n, ">= 1, or -1 for every prompt")
     require(int(cfg.max_new_tokens) >= 1, "max_new_tokens", cfg.max_new_tokens, ">= 1")
@@ -70,6 +66,15 @@ def check_inputs(cfg) -> None:
     require(float(cfg.temperature) >= 0, "temperature", cfg.temperature, "0 (greedy) or more")
     require(0 <= float(cfg.confidence_stop) < 1, "confidence_stop", cfg.confidence_stop, "in [0, 1)")
     check_file_path("out", cfg.out)
+
+
+def check_inputs(cfg) -> None:
+    """The settings, the drafter's files, token-id prompts and the paths= data set: a bad
+    one is refused in one line before the target is loaded."""
+    from dflash.data.format import TokenDataset
+    from dflash.model.checkpoint import drafter_config
+    from dflash.options import choice
+    check_settings(cfg)
     drafter_config(cfg.drafter)
     if cfg.prompts and choice(cfg.format) == "prompt_ids":  # (others need the tokenizer)
         load_prompts(cfg.prompts, int(cfg.num_prompts))

@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from dflash import config
-from dflash.errors import ConfigError
+from dflash.errors import ConfigError, UserError
 from dflash.recipe.workdir import Workdir
 
 
@@ -53,13 +53,17 @@ def compose_app(app: str, keys: list):
     return config.compose(app, keys)
 
 
-def checked(stage: str, app: str, keys: list) -> DictConfig:
-    """`app`'s config for `keys`, or one line naming the stage and what is wrong."""
+def checked(stage: str, app: str, keys: list, settings=None) -> DictConfig:
+    """`app`'s config for `keys`, with the app's own start check `settings(cfg)` of its
+    values, or one line naming the stage and what is wrong."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
     try:
-        return compose_app(app, keys)
-    except (HydraException, OmegaConfBaseException) as exc:
+        cfg = compose_app(app, keys)
+        if settings is not None:
+            settings(cfg)
+        return cfg
+    except (HydraException, OmegaConfBaseException, UserError) as exc:
         why = str(exc).strip().splitlines()[0]
         raise ConfigError(f"stage {stage} (python -m dflash.{app}): {why}") from None
 
@@ -91,8 +95,11 @@ class StageConfigs:
         train = [*model, "data=tokenized", f"data.path={work.data}", "eval.enabled=false",
                  *train_keys]
         ev = overrides(cfg.eval)
+        from dflash.evaluate import check_settings as eval_settings
+        from dflash.regenerate import check_settings as regen_settings
+        from dflash.trainer import check_settings as train_settings
         regen_cfg = checked("regenerate", "regenerate", [
-            *model, f"inputs=[{work.prompts}]", f"out={work.replies}", *regen])
-        train_cfg = checked("train", "train", train)
-        checked("eval", "eval", [*model, f"prompts={work.heldout}", *ev])
+            *model, f"inputs=[{work.prompts}]", f"out={work.replies}", *regen], regen_settings)
+        train_cfg = checked("train", "train", train, train_settings)
+        checked("eval", "eval", [*model, f"prompts={work.heldout}", *ev], eval_settings)
         return cls(model, regen, train_keys, train, ev, train_cfg, regen_cfg)

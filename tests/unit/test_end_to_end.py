@@ -115,6 +115,12 @@ def test_a_misspelled_stage_key_fails_at_start_naming_the_stage(tmp_path):
     cfg = compose("end_to_end", [f"workdir={tmp_path}", "train.groups.loss=nope"])
     with pytest.raises(ConfigError, match="stage train.*nope"):
         StageConfigs.build(cfg, tmp_path / "model", Workdir(tmp_path))
+    # a value the stage's app refuses at its own start is refused here too
+    for key, stage in (("train.optim.lr=0", "train"), ("+regenerate.temperature=-1", "regenerate"),
+                       ("+eval.max_new_tokens=0", "eval")):
+        cfg = compose("end_to_end", [f"workdir={tmp_path}", key])
+        with pytest.raises(ConfigError, match=rf"^stage {stage} .*must be"):
+            StageConfigs.build(cfg, tmp_path / "model", Workdir(tmp_path))
     ok = StageConfigs.build(compose("end_to_end", [f"workdir={tmp_path}"]), tmp_path / "m",
                             Workdir(tmp_path))
     assert ok.train_cfg.loss.kind == "dpace" and ok.regenerate_cfg.model.target.dtype == "native"
