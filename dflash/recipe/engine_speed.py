@@ -34,6 +34,7 @@ from dflash.records import to_json
 from dflash.recipe.llama_cpp import (_complete, dflash_args, llama_cpp_tree, serving, slot_context,
                                      to_gguf)
 from dflash.eval.prompts import load_prompts as jsonl_prompts, prompt_ids
+from dflash.model.checkpoint import drafter_config
 from dflash.eval.speed import ratio_interval
 
 NGRAM_MODES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache")
@@ -141,13 +142,17 @@ def check_inputs(prompts: list, target: Path, drafters: list) -> dict:
         name, _, d = spec.partition("=")
         if not name or not d:
             raise DataError(f"--drafter {spec}: give NAME=DIR")
-        if not (Path(d) / "config.json").is_file():
-            raise DataError(f"--drafter {spec}: no config.json in {d} (a dflash drafter "
-                            "export: python -m dflash.model.export)")
+        try:
+            drafter_config(d)  # its config.json and weights' header read
+        except DataError as exc:
+            raise DataError(f"--drafter {spec}: {exc}") from None
         out[name] = Path(d)
     if not (target / "config.json").is_file():
         raise DataError(f"--target {target}: no config.json (give the target's HF directory)")
-    cfg = json.loads((target / "config.json").read_text())
+    try:
+        cfg = json.loads((target / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"--target {target}: config.json is not JSON ({exc})") from None
     vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
     top = max(max(p) for p in prompts)
     if vocab and top >= int(vocab):

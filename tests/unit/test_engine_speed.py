@@ -7,6 +7,8 @@ import re
 import sys
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from dflash.errors import DataError
 from dflash.recipe.engine_speed import SpeedReport, load_prompts, main
@@ -58,7 +60,9 @@ def _tree(tmp_path):
 def _drafter(tmp_path, name):
     d = tmp_path / name
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"dflash_config": {"block_size": 8}}))
+    (d / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"],
+                                               "dflash_config": {"block_size": 8}}))
+    save_file({"fc.weight": torch.zeros(1)}, str(d / "model.safetensors"))
     return d
 
 
@@ -114,7 +118,7 @@ def test_prompts_from_an_eval_report_or_named_where_they_are_missing(tmp_path):
     ('{"prompt_ids": ["a", 2]}\n', "d", r"p.jsonl:1: 'prompt_ids' must be a non-empty list"),
     ('{"prompt_ids": [[1], 5]}', "d", r"p.jsonl: prompt_ids\[1\] must be"),  # an eval report
     ('{"prompt_ids": [1, 64]}\n', "d", r"prompt 0 holds token id 64, outside .* of 64"),
-    ('{"prompt_ids": [1, 2]}\n', "none", r"--drafter x=.*none: no config.json"),
+    ('{"prompt_ids": [1, 2]}\n', "none", r"--drafter x=.*none: drafter checkpoint .*none: no such directory"),
 ])
 def test_bad_prompts_or_drafters_are_refused_in_one_line_before_any_conversion(
         tmp_path, capsys, prompts, drafter, named):
