@@ -40,7 +40,7 @@ log = logging.getLogger("dflash.regenerate")
 def build_backend(cfg, tok, topo):
     if choice(cfg.backend) == "openai":
         from dflash.decode.server import OpenAIBackend
-        return OpenAIBackend.from_config(cfg)
+        return OpenAIBackend.from_config(cfg, tok)
     from dflash.decode.local import LocalBackend
     from dflash.model.target import Target
     mode = choice(cfg.model.compile)

@@ -18,13 +18,17 @@ class OpenAIBackend:
     decoding = "server"
 
     @classmethod
-    def from_config(cls, cfg) -> "OpenAIBackend":
+    def from_config(cls, cfg, tokenizer=None) -> "OpenAIBackend":
         """From regenerate's config: its `openai` section and the sampling keys."""
-        return cls(cfg.openai, Sampling.from_config(cfg), dict(cfg.chat_template_kwargs))
+        return cls(cfg.openai, Sampling.from_config(cfg), dict(cfg.chat_template_kwargs),
+                   tokenizer)
 
-    def __init__(self, server, sampling: Sampling = Sampling(), template_kwargs: dict | None = None):
+    def __init__(self, server, sampling: Sampling = Sampling(), template_kwargs: dict | None = None,
+                 tokenizer=None):
         """`server`: base_url, model, api_key_env, concurrency, timeout, retries (the
-        `openai` config section)."""
+        `openai` config section); `tokenizer` counts a reply's tokens where the server
+        sends no usage."""
+        self.tokenizer = tokenizer
         from openai import OpenAI
         self.client = OpenAI(base_url=server.base_url,
                              api_key=os.environ.get(server.api_key_env) or "none",
@@ -50,10 +54,15 @@ class OpenAIBackend:
         extra = msg.model_extra or {}
         reasoning = (getattr(msg, "reasoning_content", None) or extra.get("reasoning_content")
                      or extra.get("reasoning"))
-        tokens = r.usage.completion_tokens if r.usage is not None else None
+        tokens = getattr(r.usage, "completion_tokens", None)
         reasoning = reasoning if isinstance(reasoning, str) else None
-        return {"text": msg.content or "", "reasoning": reasoning,
-                "finish_reason": "length" if choice.finish_reason == "length" else "stop",
+        text = msg.content or ""
+        if tokens is None and self.tokenizer is not None:  # no usage sent: count them here
+            said = "\n".join(x for x in (reasoning, text) if x)
+            tokens = len(self.tokenizer(said, add_special_tokens=False)["input_ids"])
+        # a cut reply is `length` (OpenAI, vLLM, SGLang) or `max_tokens` (some gateways)
+        cut = choice.finish_reason in ("length", "max_tokens")
+        return {"text": text, "reasoning": reasoning, "finish_reason": "length" if cut else "stop",
                 "tokens": int(tokens or 0)}
 
     def generate(self, requests: list, batch_index: int = 0) -> list[dict]:

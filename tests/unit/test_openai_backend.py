@@ -15,10 +15,17 @@ CHOICES = {
                 "message": {**MESSAGE, "reasoning_content": "thought a"}}],
     "vllm": [{"index": 0, "finish_reason": "length",  # newer vLLM: `reasoning`
               "message": {**MESSAGE, "reasoning": "thought b"}}],
+    "gateway": [{"index": 0, "finish_reason": "max_tokens", "message": MESSAGE}],
     "filtered": [],  # a content filter's reply: no choice at all
     "null": None,
     "no message": [{"index": 0, "finish_reason": "stop", "message": None}],
 }
+
+
+class _WordCounter:
+    """A tokenizer's call shape: one id a word."""
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": list(range(len(text.split())))}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -35,11 +42,14 @@ def test_reasoning_under_either_name_and_a_reply_without_a_choice_is_a_failed_re
     with serving(_Handler) as port:
         backend = OpenAIBackend(SimpleNamespace(
             base_url=f"http://127.0.0.1:{port}/v1", model="m", api_key_env="NONE",
-            concurrency=2, timeout=10, retries=0), Sampling(max_new_tokens=8))
+            concurrency=2, timeout=10, retries=0), Sampling(max_new_tokens=8),
+            tokenizer=_WordCounter())
         reqs = [SimpleNamespace(key=k, messages=[{"role": "user", "content": k}]) for k in CHOICES]
         out = {r["key"]: r for r in backend.generate(reqs)}
     assert out["sglang"]["reasoning"] == "thought a" and out["sglang"]["finish_reason"] == "stop"
     assert out["vllm"]["reasoning"] == "thought b" and out["vllm"]["finish_reason"] == "length"
-    assert out["vllm"]["text"] == "the answer" and out["vllm"]["tokens"] == 0  # no usage sent
+    # no usage sent: the reply counted with the tokenizer given (thinking included)
+    assert out["vllm"]["text"] == "the answer" and out["vllm"]["tokens"] == 4
+    assert out["gateway"]["finish_reason"] == "length" and out["gateway"]["tokens"] == 2
     for k in ("filtered", "null", "no message"):  # counted failed and asked again on rerun
         assert "error" in out[k] and "no choices" in out[k]["error"], out[k]
