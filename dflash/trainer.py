@@ -40,7 +40,7 @@ from dflash.model.build import (build_draft_vocab, build_drafter, build_objectiv
 from dflash.model.checkpoint import export_dtype
 from dflash.model.compile import compile_drafter
 from dflash.model.feature_cache import FeatureCache
-from dflash.model.config import check_drafter_config
+from dflash.model.config import check_drafter_config, check_loss_config
 from dflash.optim import build_optimizer, check_optim
 from dflash.options import choice
 from dflash.pipeline import Pipeline
@@ -64,6 +64,7 @@ def check_settings(cfg) -> None:
     the target loads (minutes on a large one); preflight runs the same."""
     check_optim(cfg.optim)
     check_drafter_config(cfg.model.drafter)
+    check_loss_config(cfg.loss)
     check_eval_config(cfg.eval)
     check_logger(cfg.logger)
     check_init(cfg.model.drafter)

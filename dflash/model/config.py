@@ -133,6 +133,15 @@ class ModelConfig:
     compile_backend: str = "inductor"
 
 
+def check_loss_config(loss) -> None:
+    """`loss.*` values that cannot weigh a block (gamma 0 divides by zero: NaN at step 1)."""
+    require(float(loss.gamma) > 0, "loss.gamma", loss.gamma, "> 0 (a decay over the block)")
+    require(0 <= float(loss.dpace_alpha) <= 1, "loss.dpace_alpha", loss.dpace_alpha, "in [0, 1]")
+    require(float(loss.kl_temperature) > 0, "loss.kl_temperature", loss.kl_temperature, "> 0")
+    require(all(float(w) >= 0 for w in loss.dspark_weights), "loss.dspark_weights",
+            list(loss.dspark_weights), "non-negative")
+
+
 @dataclass
 class LossConfig:
     """The drafter's objective (`loss=ce|dpace|kl|dspark`): a sweep over objectives is one override."""

@@ -133,6 +133,7 @@ def test_every_app_keeps_its_files_where_the_dirs_group_says(monkeypatch, tmp_pa
     ("model.drafter.num_layers=0", "model.drafter.num_layers=0: must be >= 1"),  # (trained no layer)
     ("model.drafter.num_anchors=0", "model.drafter.num_anchors=0"),  # (a reshape error in torch)
     ("logger.log_every=0", "logger.log_every=0"),
+    ("loss.gamma=0", "loss.gamma=0.0: must be > 0"),  # (NaN at step 1)
     ("eval.num_prompts=0", "eval.num_prompts=0"),  # (an eval of no prompt)
 ])
 def test_a_setting_that_cannot_work_is_refused_before_the_target_or_data_load(
