@@ -108,6 +108,7 @@ def format_cost(c: dict) -> str:
 
 def run_plan(cfg: DictConfig) -> dict:
     check_file_path("report", cfg.report)
+    check_file_path("plot", cfg.plot)
     report = report_for(cfg, load_data(cfg.data, lengths_file=cfg.lengths_file), cfg.dump)
     entries = write_report(Path(cfg.report), report) if cfg.report else [report]
     if cfg.plot:

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dflash import config
 from dflash.batching.step_cost import TERMS, fit_with_holdout, repeat_spread, write_cost_file
-from dflash.errors import user_errors_exit
+from dflash.errors import check_file_path, user_errors_exit
 from dflash.trainer import Trainer
 from dflash.warmup.profile import profile_shapes, run_identity, time_shapes
 from dflash.warmup.shapes import Shape
@@ -32,6 +32,7 @@ UNSTEADY = 0.10
 
 def run_profile(cfg: DictConfig, out_dir) -> dict:
     p = cfg.profile
+    check_file_path("profile.out", p.out)  # written after minutes of timing
     trainer = Trainer(cfg, out_dir).build()
     warm = list(trainer.shapes.warm)
     if not warm:  # warmup=none: the distinct shapes the run meets
