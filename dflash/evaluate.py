@@ -11,7 +11,7 @@ import hydra
 from dflash import config
 from dflash.errors import user_errors_exit
 from dflash.comparison.stats import bootstrap_acceptance
-from dflash.eval.baselines import build_baseline, paired_difference
+from dflash.eval.baselines import build_baseline, check_baseline, paired_difference
 from dflash.decode import evaluate, speculative_decode
 from dflash.eval.prompts import check_pair, load_prompts
 from dflash.eval.report import Baseline, EvalReport, PathsReport, Score
@@ -80,6 +80,8 @@ def check_inputs(cfg) -> None:
         load_prompts(cfg.prompts, int(cfg.num_prompts))
     if cfg.paths:
         TokenDataset.open(str(cfg.paths))
+    for name in cfg.baselines:
+        check_baseline(str(name), cfg.ngram_data)
 
 
 def _load_target(cfg):

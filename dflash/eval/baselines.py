@@ -35,8 +35,26 @@ def untrained_like(drafter):
     return fresh
 
 
+def check_baseline(name: str, ngram_data: str | None = None) -> None:
+    """Baseline `name`'s own inputs, read before the target loads: a known name, the
+    n-gram baseline's data set, another drafter's files."""
+    from dflash.model.checkpoint import drafter_config
+    if name == "ngram":
+        if not ngram_data:
+            raise ConfigError("baselines=[ngram] counts a data set's tokens: set "
+                              "ngram_data=DIR (the training set)")
+        from dflash.data.format import TokenDataset
+        TokenDataset.open(ngram_data)
+    elif name.startswith("drafter:"):
+        drafter_config(name[len("drafter:"):])
+    elif name not in BASELINES:
+        raise ConfigError(f"baselines: unknown baseline {name!r} (one of {', '.join(BASELINES)}, "
+                          "drafter:DIR)")
+
+
 def build_baseline(name: str, drafter, target, ngram_data: str | None = None):
     """The proposer of baseline `name`, sized like `drafter` (as many drafts a block)."""
+    check_baseline(name, ngram_data)
     bs = num_drafts(drafter.spec) + 1
     if name == "untrained":
         fresh = untrained_like(drafter).to(target.lm_head_weight.device).eval()
@@ -44,17 +62,12 @@ def build_baseline(name: str, drafter, target, ngram_data: str | None = None):
     if name == "lookup":
         return PromptLookupProposer(block_size=bs)
     if name == "ngram":
-        if not ngram_data:
-            raise ConfigError("baselines=[ngram] counts a data set's tokens: set "
-                              "ngram_data=DIR (the training set)")
         from dflash.data.format import TokenDataset
         ds = TokenDataset.open(ngram_data)
         rows = [ds.sample(i) for i in range(len(ds))]
         return NgramProposer([t for t, _ in rows], [m for _, m in rows], block_size=bs)
-    if name.startswith("drafter:"):  # another trained drafter: an A/B on the same prompts
-        return DrafterProposer(other_drafter(name[len("drafter:"):], drafter, target), target)
-    raise ConfigError(f"baselines: unknown baseline {name!r} (one of {', '.join(BASELINES)}, "
-                      "drafter:DIR)")
+    # another trained drafter (drafter:DIR): an A/B on the same prompts
+    return DrafterProposer(other_drafter(name[len("drafter:"):], drafter, target), target)
 
 
 def other_drafter(path: str, drafter, target):

@@ -139,6 +139,9 @@ def test_speed_times_plain_and_drafted_greedy_decoding_at_batch_one(tmp_path, ta
     ("ok", "ok", ["paths={tmp}"], r"is not a dflash data set: missing meta.json"),
     ("ok", "ok", ["num_prompts=0"], r"num_prompts=0: must be >= 1, or -1"),
     ("ok", "ok", ["temperature=-0.5"], r"temperature=-0.5: must be 0"),
+    ("ok", "ok", ["baselines=[lookupp]"], r"unknown baseline 'lookupp'"),
+    ("ok", "ok", ["baselines=[drafter:{tmp}/cut]"], r"cut/model.safetensors is corrupt"),
+    ("ok", "ok", ["baselines=[ngram]", "ngram_data={tmp}"], r"is not a dflash data set"),
 ])
 def test_a_bad_drafter_prompt_file_or_data_set_is_refused_before_the_target_loads(
         tmp_path, target, drafter, prompts, extra, named):
