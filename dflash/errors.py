@@ -31,6 +31,11 @@ class ToolError(UserError):
     """A subprocess or server failed: the message names it and where its output is."""
 
 
+def one_line(text, limit: int = 300) -> str:
+    """What a library or server said (an exception, a body), on one line for ours."""
+    return " ".join(str(text).split())[:limit]
+
+
 def require(ok: bool, key: str, value, want: str) -> None:
     """A setting outside what can work: one line naming the key, its value and the range."""
     if not ok:

@@ -36,7 +36,7 @@ def eval_report(cfg) -> EvalReport:
         raise DataError("dflash.eval needs drafter=DIR and prompts=FILE (JSONL or data set dir) "
                         "to decode, or paths=DIR (held-out greedy replies) to walk")
     from dflash.step import resolve_target_dtype
-    check_inputs(cfg)  # before the target loads (minutes on a large one)
+    prompts = check_inputs(cfg)  # before the target loads (minutes on a large one)
     target, dev = _load_target(cfg) if int(cfg.topology.target_tp) > 1 else (None, None)
     if target is None:
         dev = resolve_device(choice(cfg.device))
@@ -44,11 +44,11 @@ def eval_report(cfg) -> EvalReport:
         target = Target.from_config(cfg.model.target).to(dev)
     drafter = load_drafter(cfg.drafter, device=dev)
     target.layer_ids = list(drafter.spec.target_layer_ids)  # the checkpoint decides
-    report = decoded(cfg, target, drafter) if cfg.prompts else EvalReport(str(cfg.drafter))
+    report = decoded(cfg, target, drafter, prompts) if cfg.prompts else EvalReport(str(cfg.drafter))
     if cfg.paths:
         report.paths = walked(cfg, target, drafter)
     if cfg.speed:
-        report.speed = timed(cfg, target, drafter)
+        report.speed = timed(cfg, target, drafter, prompts)
     if cfg.out and _main_rank():
         from pathlib import Path
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
@@ -68,20 +68,33 @@ def check_settings(cfg) -> None:
     check_file_path("out", cfg.out)
 
 
-def check_inputs(cfg) -> None:
-    """The settings, the drafter's files, token-id prompts and the paths= data set: a bad
-    one is refused in one line before the target is loaded."""
+def check_inputs(cfg) -> list | None:
+    """The settings, the drafter's files, the prompts and the paths= data set: a bad one
+    is refused in one line before the target is loaded. Returns the prompts (read once)."""
     from dflash.data.format import TokenDataset
     from dflash.model.checkpoint import drafter_config
-    from dflash.options import choice
     check_settings(cfg)
     drafter_config(cfg.drafter)
-    if cfg.prompts and choice(cfg.format) == "prompt_ids":  # (others need the tokenizer)
-        load_prompts(cfg.prompts, int(cfg.num_prompts))
+    prompts = read_prompts(cfg)
     if cfg.paths:
         TokenDataset.open(str(cfg.paths))
     for name in cfg.baselines:
         check_baseline(str(name), cfg.ngram_data)
+    return prompts
+
+
+def read_prompts(cfg) -> list | None:
+    """`prompts=` as token ids (benchmark formats rendered with the tokenizer alone: no
+    model is loaded for it); None without prompts=."""
+    from dflash.options import choice
+    if not cfg.prompts:
+        return None
+    tok = None
+    if choice(cfg.format) != "prompt_ids":
+        from dflash.data.prepare import load_tokenizer
+        tok_dir = cfg.tokenizer or cfg.model.target.path
+        tok = load_tokenizer(tok_dir) if tok_dir else None
+    return load_prompts(cfg.prompts, int(cfg.num_prompts), choice(cfg.format), tok)
 
 
 def _load_target(cfg):
@@ -103,16 +116,10 @@ def _main_rank() -> bool:
     return launch_rank() == 0
 
 
-def decoded(cfg, target, drafter) -> EvalReport:
-    """Real speculative decoding of the prompts: the drafter, then each baseline."""
+def decoded(cfg, target, drafter, prompts: list) -> EvalReport:
+    """Real speculative decoding of `prompts`: the drafter, then each baseline."""
     from dflash.options import choice
 
-    tok = None
-    if choice(cfg.format) != "prompt_ids":
-        from dflash.data.prepare import load_tokenizer
-        tok_dir = cfg.tokenizer or cfg.model.target.path
-        tok = load_tokenizer(tok_dir) if tok_dir else None
-    prompts = load_prompts(cfg.prompts, int(cfg.num_prompts), choice(cfg.format), tok)
     check_pair(drafter, target, prompts, f"drafter {cfg.drafter}")
     baselines = [build_baseline(str(b), drafter, target, cfg.ngram_data) for b in cfg.baselines]
     decode = dict(temperature=float(cfg.temperature), batch_size=int(cfg.batch_size),
@@ -141,19 +148,13 @@ def decoded(cfg, target, drafter) -> EvalReport:
     return report
 
 
-def timed(cfg, target, drafter) -> dict:
+def timed(cfg, target, drafter, prompts: list | None) -> dict:
     """`speed=true`: batch-1 greedy tokens/s plainly and with the drafter on this machine."""
     from dflash.errors import ConfigError
     from dflash.eval.speed import measure_speed
-    from dflash.options import choice
-    if float(cfg.temperature) != 0.0 or not cfg.prompts:
+    if float(cfg.temperature) != 0.0 or not prompts:
         raise ConfigError("speed=true times greedy decoding of prompts=: it needs "
                           f"temperature=0 and prompts= (got temperature={cfg.temperature})")
-    tok = None
-    if choice(cfg.format) != "prompt_ids":
-        from dflash.data.prepare import load_tokenizer
-        tok = load_tokenizer(cfg.tokenizer or cfg.model.target.path)
-    prompts = load_prompts(cfg.prompts, int(cfg.num_prompts), choice(cfg.format), tok)
     return measure_speed(target, drafter, prompts, int(cfg.max_new_tokens),
                          getattr(target.config, "eos_token_id", None))
 

@@ -31,7 +31,7 @@ import numpy as np
 from jinja2.exceptions import TemplateError
 from tqdm.auto import tqdm
 
-from dflash.errors import ConfigError, DataError, user_errors_exit
+from dflash.errors import ConfigError, DataError, one_line, user_errors_exit
 from dflash.data.chat_formats import record_messages
 from dflash.data.format import DatasetWriter, TokenDataset
 from dflash.data.loss_mask import assistant_mask, cut_turns, end_of_turn_ids, regenerated_mask
@@ -51,7 +51,7 @@ def load_tokenizer(path: str | Path):
     try:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (ValueError, OSError, KeyError) as exc:  # no tokenizer files, or unreadable ones
-        said = " ".join(str(exc).split())[:200] or type(exc).__name__
+        said = one_line(exc, 200) or type(exc).__name__
         raise DataError(f"tokenizer at {path} cannot be loaded by transformers (a "
                         f"tokenizer.json or the model's tokenizer files are needed): {said}") from None
     if not getattr(tok, "chat_template", None):

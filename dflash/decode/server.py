@@ -52,10 +52,10 @@ class OpenAIBackend:
         # the thinking as `reasoning_content` (SGLang, llama.cpp, older vLLM) or
         # `reasoning` (newer vLLM, OpenRouter)
         extra = msg.model_extra or {}
-        reasoning = (getattr(msg, "reasoning_content", None) or extra.get("reasoning_content")
-                     or extra.get("reasoning"))
+        sent = (getattr(msg, "reasoning_content", None) or extra.get("reasoning_content")
+                or extra.get("reasoning"))
+        reasoning = sent if isinstance(sent, str) else None
         tokens = getattr(r.usage, "completion_tokens", None)
-        reasoning = reasoning if isinstance(reasoning, str) else None
         text = msg.content or ""
         if tokens is None and self.tokenizer is not None:  # no usage sent: count them here
             said = "\n".join(x for x in (reasoning, text) if x)

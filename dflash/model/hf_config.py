@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash.errors import DataError
+from dflash.errors import DataError, one_line
 
 
 def hf_config(path, key: str = "model.target.path", files: str = "a local HF model directory"):
@@ -17,6 +17,6 @@ def hf_config(path, key: str = "model.target.path", files: str = "a local HF mod
     try:
         return AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (ValueError, OSError, KeyError) as exc:  # transformers' refusals of the file
-        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        said = one_line(exc) or type(exc).__name__
         raise DataError(f"{key}={path}: its config.json cannot be read by transformers: "
                         f"{said}") from None

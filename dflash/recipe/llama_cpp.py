@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from dflash.errors import ConfigError, ToolError
+from dflash.errors import ConfigError, ToolError, one_line
 from dflash.eval.report import EvalReport
 from dflash.records import declared, to_json
 
@@ -137,9 +137,9 @@ def _complete(port: int, ids: list, n: int) -> Completion:
         with urllib.request.urlopen(req, timeout=600) as r:
             out = json.loads(r.read())
     except urllib.error.HTTPError as exc:  # the server's refusal, in its own words
-        said = exc.read().decode("utf-8", "replace").strip().splitlines()[:1] or [exc.reason]
+        said = one_line(exc.read().decode("utf-8", "replace")) or exc.reason
         raise ToolError(f"llama-server refused a prompt of {len(ids)} tokens (n_predict={n}): "
-                        f"HTTP {exc.code}: {said[0][:300]}") from None
+                        f"HTTP {exc.code}: {said}") from None
     except OSError as exc:  # gone (crashed, killed) or silent past the timeout
         raise ToolError(f"llama-server on port {port} did not answer a prompt of {len(ids)} "
                         f"tokens: {exc} (its log is beside the GGUF files)") from None
