@@ -54,6 +54,7 @@ def run_buckets(cfg: DictConfig) -> dict:
     k = parse_k(cfg.num_buckets)
     check_file_path("out", cfg.out)
     check_file_path("plot", cfg.plot)
+    cost = load_cost_file(cfg.cost) if cfg.cost else None  # refused before the data loads
     data = load_data(cfg.data, lengths_file=cfg.lengths_file)
     lengths = data.lengths
     spec = PackingSpec.from_cfg(cfg.batching)
@@ -89,7 +90,7 @@ def run_buckets(cfg: DictConfig) -> dict:
         "auto": k == "auto",
     }
     if cfg.cost:
-        result["time_fit"] = fit_to_time(cfg, lengths, spec, k, result)
+        result["time_fit"] = fit_to_time(cfg, lengths, spec, k, result, cost)
         result["padding_boundaries"] = result["boundaries"]
         result["boundaries"] = result["time_fit"]["boundaries"]
         result["num_buckets"] = result["time_fit"]["num_buckets"]
@@ -105,11 +106,12 @@ def run_buckets(cfg: DictConfig) -> dict:
     return result
 
 
-def fit_to_time(cfg: DictConfig, lengths, spec: PackingSpec, k, padding: dict) -> dict:
+def fit_to_time(cfg: DictConfig, lengths, spec: PackingSpec, k, padding: dict, cost) -> dict:
     """Boundaries minimising the predicted epoch time under a step cost model (the same
     DP over the same chain, each batch costing its step's predicted seconds), measured
-    against the padding-optimal ones by exact simulation of the planner."""
-    model, doc = load_cost_file(cfg.cost)
+    against the padding-optimal ones by exact simulation of the planner; `cost`: the
+    loaded cost file (model, file)."""
+    model, doc = cost
     anchors = int(cfg.anchors if cfg.anchors is not None else model.bounds.get("anchors", 1))
     pad = int(cfg.pad_to_multiple)
     table = build_cost_table(lengths, spec, int(cfg.candidates), time_model=model,

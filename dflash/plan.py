@@ -49,8 +49,9 @@ def run_settings(cfg: DictConfig) -> dict:
             "row_len": int(b.row_len), "pack_window": int(b.pack_window)}
 
 
-def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
-    """Plan `cfg.epochs` epochs of `data` with the config's batching, buckets, topology."""
+def report_for(cfg: DictConfig, data: Data, dump_dir=None, cost=None) -> dict:
+    """Plan `cfg.epochs` epochs of `data` with the config's batching, buckets, topology;
+    `cost`: the loaded `cfg.cost` file (read here when not given)."""
     _, planner = planner_for(cfg, data.lengths)
     report = plan_report(planner, int(cfg.epochs), world_size=int(cfg.topology.dp_size),
                          remainder=choice(cfg.batching.remainder), dump_dir=dump_dir, progress=True,
@@ -69,15 +70,20 @@ def report_for(cfg: DictConfig, data: Data, dump_dir=None) -> dict:
     shape_plan = build_shape_plan(plans, cfg.warmup, anchors)
     report["warmup"] = shape_plan.report()
     if cfg.cost:
-        report["cost"] = predicted_cost(cfg, shape_plan, plans)
+        report["cost"] = predicted_cost(cfg, shape_plan, plans, cost or cost_file(cfg))
     return report
 
 
-def predicted_cost(cfg: DictConfig, shape_plan, plans) -> dict:
+def cost_file(cfg: DictConfig):
+    """`cost=FILE`: (model, file) checked against this run's model sizes (the hardware is
+    the file's: plans are often made away from the GPUs)."""
+    return load_cost_file(cfg.cost, model_identity(cfg))
+
+
+def predicted_cost(cfg: DictConfig, shape_plan, plans, cost) -> dict:
     """Per epoch: the step cost model's time for every batch at the shape it runs at,
-    summed, and the real tokens per second that gives. The model sizes must match the
-    cost file's (the hardware is the file's: plans are often made away from the GPUs)."""
-    model, doc = load_cost_file(cfg.cost, model_identity(cfg))
+    summed, and the real tokens per second that gives; `cost`: cost_file's (model, file)."""
+    model, doc = cost
     epochs = []
     for plan in plans:
         pred = predict_steps(model, *shape_plan.run_arrays(plan.epoch))
@@ -109,7 +115,8 @@ def format_cost(c: dict) -> str:
 def run_plan(cfg: DictConfig) -> dict:
     check_file_path("report", cfg.report)
     check_file_path("plot", cfg.plot)
-    report = report_for(cfg, load_data(cfg.data, lengths_file=cfg.lengths_file), cfg.dump)
+    cost = cost_file(cfg) if cfg.cost else None  # refused before the data loads
+    report = report_for(cfg, load_data(cfg.data, lengths_file=cfg.lengths_file), cfg.dump, cost)
     entries = write_report(Path(cfg.report), report) if cfg.report else [report]
     if cfg.plot:
         from dflash.batching.plan_plot import plot_tradeoff

@@ -81,6 +81,9 @@ class Trainer:
         check_settings(cfg)
         self.topo = topo = build_topology(cfg.topology)
         resolve_target_dtype(cfg.model.target, topo.target_device)
+        # `cost=FILE` is read now: a file of another device or model is refused before
+        # the target loads, not after the first evaluation and warmup
+        self.pricer = step_pricer(cfg, topo.drafter_device)
         use_compile_caches(cfg.data.cache_dir)  # before anything compiles or tunes
         torch.manual_seed(int(cfg.seed))
         self.sources = sources_for_ranks(cfg, topo)
@@ -215,7 +218,7 @@ class Trainer:
         pipe = self.pipeline()
         meter = Meter(self.cfg.logger.log_every, self.total_steps, self.topo.drafter_device,
                       saved["totals"] if saved else (0, 0, 0),
-                      predict=step_pricer(self.cfg, self.topo.drafter_device))
+                      predict=self.pricer)
         guard, stop, preempted = NonFiniteGuard(self.cfg.optim.max_skips), SignalStop(self.topo), None
         bar = self.progress_bar(progress.step)
         for epoch in range(progress.start[0], self.num_epochs):

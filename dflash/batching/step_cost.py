@@ -217,10 +217,19 @@ def load_cost_file(path, expect: dict | None = None) -> tuple[CostModel, dict]:
         raise DataError(f"cost file {path} not found (write one with python -m dflash.profile)")
     try:
         doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"cost file {path} is corrupt: {exc}") from None
+    for key in ("identity", "model"):
+        if not isinstance(doc, dict) or not isinstance(doc.get(key), dict):
+            raise DataError(f"cost file {path} is corrupt: no {key!r} object in it "
+                            "(write one with python -m dflash.profile)")
+    try:
         model = CostModel.from_dict(doc["model"])
-        identity = doc["identity"]
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise DataError(f"cost file {path} is corrupt: {exc}") from exc
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, DataError):
+            raise DataError(f"cost file {path}: {exc}") from None
+        raise DataError(f"cost file {path} is corrupt: its model has no usable {exc}") from None
+    identity = doc["identity"]
     for k in MATCH_FIELDS if expect else ():
         there = identity.get(k, FIELD_DEFAULTS.get(k))
         if k in expect and there != expect[k]:

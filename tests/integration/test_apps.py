@@ -64,7 +64,7 @@ def test_plan_app_bad_input_fails_clearly(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["negative", "missing", "unsorted", "report a dir",
-                                  "preset a dir", "preset under a file"])
+                                  "preset a dir", "preset under a file", "plan cost", "buckets cost"])
 def test_user_errors_end_with_one_message_not_a_traceback(tmp_path, case):
     np.save(tmp_path / "neg.npy", np.array([5, -3, 7]))
     np.save(tmp_path / "ok.npy", np.array([10, 20, 30, 400]))
@@ -76,11 +76,18 @@ def test_user_errors_end_with_one_message_not_a_traceback(tmp_path, case):
                  "report a dir": ("plan", [ok, f"report={tmp_path}"]),
                  "preset a dir": ("buckets", [ok, "num_buckets=2", f"out={tmp_path}"]),
                  "preset under a file": ("buckets", [ok, "num_buckets=2",
-                                                     f"out={tmp_path}/ok.npy/p.yaml"])}[case]
+                                                     f"out={tmp_path}/ok.npy/p.yaml"]),
+                 # a cost file that cannot be used: refused before the data is read
+                 # (the data, missing here, would have been refused first)
+                 "plan cost": ("plan", [f"lengths_file={tmp_path}/nope.npy",
+                                        f"cost={tmp_path}/ok.npy"]),
+                 "buckets cost": ("buckets", [f"lengths_file={tmp_path}/nope.npy",
+                                              f"cost={tmp_path}/c.json"])}[case]
     proc = _run(f"dflash.{app}", *args, f"hydra.run.dir={tmp_path}/run", check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("dflash: error:") and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    assert ("cost file" in proc.stderr) == case.endswith("cost")
 
 
 def test_dump_keeps_original_ids_when_overlong_samples_are_dropped(tmp_path):

@@ -29,11 +29,13 @@ def test_profile_then_plan_and_train_with_the_cost_file(tmp_path, world_cache):
     assert summary["predicted_train_seconds"] > 0
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(r["predicted_step_seconds"] > 0 and r["step_seconds"] > 0 for r in recs)
-    # a file from another model is refused, naming the field
-    bad = run_module("dflash.train", *common, "eval.enabled=false", "optim.max_steps=2",
+    # a file from another model is refused, naming the field, before any work (the
+    # evaluation before training ran first, and the warmup)
+    bad = run_module("dflash.train", *common[:-1], "optim.max_steps=2",
                      "model.drafter.block_size=8", f"cost={cost}",
                      f"hydra.run.dir={tmp_path / 'u'}", check=False)
     assert bad.returncode == 2 and "block_size is 16 there but 8 in this run" in bad.stderr
+    assert "eval before training" not in bad.stderr
 
 
 def test_preflight_predicts_the_epoch_from_a_cost_file(tmp_path, world_cache):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dflash.batching.bucket_fit.optimal import build_cost_table, optimal_fits, simulate_seconds
-from dflash.batching.step_cost import (CostModel, fit_cost_model, fit_with_holdout,
+from dflash.batching.step_cost import (TERMS, CostModel, fit_cost_model, fit_with_holdout,
                                        load_cost_file, predict_steps, write_cost_file)
 from dflash.batching.strategies import PackingSpec, Planner
 from dflash.errors import DataError
@@ -64,6 +64,12 @@ def test_a_cost_file_from_elsewhere_names_the_differing_field(tmp_path):
         load_cost_file(tmp_path / "bad.json")
     with pytest.raises(DataError, match="not found"):
         load_cost_file(tmp_path / "none.json")
+    for text, named in [("[1, 2]", "no 'identity' object"), ('{"identity": {}}', "no 'model'"),
+                        ('{"identity": {}, "model": {"terms": %s}}' % json.dumps(list(TERMS)),
+                         "no usable 'coef'")]:
+        (tmp_path / "part.json").write_text(text)
+        with pytest.raises(DataError, match=named):
+            load_cost_file(tmp_path / "part.json")
     doc = json.loads(path.read_text())
     doc["model"]["terms"] = ["step", "row"]
     (tmp_path / "old.json").write_text(json.dumps(doc))
