@@ -49,6 +49,9 @@ class OpenAIBackend:
         msg = getattr(choice, "message", None)
         if msg is None:  # a reply with no choice (some servers' content filter): failed
             return {"error": "the server replied with no choices[0].message"}
+        if choice.finish_reason == "content_filter":  # cut by a filter, not by the target
+            return {"error": "the server's content filter stopped the reply "
+                             "(finish_reason content_filter)"}
         # the thinking as `reasoning_content` (SGLang, llama.cpp, older vLLM) or
         # `reasoning` (newer vLLM, OpenRouter)
         extra = msg.model_extra or {}

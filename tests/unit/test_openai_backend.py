@@ -19,6 +19,8 @@ CHOICES = {
     "filtered": [],  # a content filter's reply: no choice at all
     "null": None,
     "no message": [{"index": 0, "finish_reason": "stop", "message": None}],
+    # a filter cut the reply short: not what the target writes
+    "content filter": [{"index": 0, "finish_reason": "content_filter", "message": MESSAGE}],
 }
 
 
@@ -53,3 +55,4 @@ def test_reasoning_under_either_name_and_a_reply_without_a_choice_is_a_failed_re
     assert out["gateway"]["finish_reason"] == "length" and out["gateway"]["tokens"] == 2
     for k in ("filtered", "null", "no message"):  # counted failed and asked again on rerun
         assert "error" in out[k] and "no choices" in out[k]["error"], out[k]
+    assert "content filter" in out["content filter"]["error"]
