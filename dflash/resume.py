@@ -217,6 +217,12 @@ class Checkpointer:
     def load(self):
         """Restore weights, optimizer, schedule and RNG; the saved state with the step
         and position to start from (None: a fresh start)."""
+        return self.restore(self.checked())
+
+    def checked(self):
+        """The checkpoint `resume` names, refused in one line when it is another run's, of
+        another plan or world size: (path, meta, state), None for a fresh start. The
+        trainer asks before anything slow runs (the evaluation before training)."""
         found = self.find()
         if found is None:
             return None
@@ -231,6 +237,14 @@ class Checkpointer:
         if meta["world_size"] != self.topo.world_size:
             raise DataError(f"resume from {path}: written by {meta['world_size']} ranks, "
                             f"{self.topo.world_size} started")
+        return found
+
+    def restore(self, found):
+        """Load what `checked()` found into the drafter, optimizer, schedule and RNG; the
+        saved state with the step and position to start from (None: a fresh start)."""
+        if found is None:
+            return None
+        path, meta, state = found
         try:
             self.drafter.load_state_dict(state["drafter"])
         except RuntimeError as exc:  # shapes or names of another drafter: one line, not a dump

@@ -161,12 +161,19 @@ class Trainer:
                               resuming=str(cfg.resume) != "never")
         failed = True
         try:
-            before = self.evaluate(label="eval before training") if self.evaluates else {}
+            # the checkpoint to resume from, refused now if it is another run's (not after
+            # the evaluation); a resumed run takes the evaluation before training it saved
+            ck = checkpointer(cfg, self.out_dir, topo, self.train_step)
+            found = ck.checked()
+            before = found[2].get("before") if found else None
+            if before is None:
+                before = self.evaluate(label="eval before training") if self.evaluates else {}
             if topo.is_main:
                 logger.log_plan(plan_info(self.planner, self.boundaries, self.length,
                                           self.shapes.report()))
-                logger.log_eval(before, 0)
-            summary = self.train(logger)
+                if not found:  # a resumed run logged it at step 0 already
+                    logger.log_eval(before, 0)
+            summary = self.train(logger, ck, ck.restore(found), before)
             if summary["preempted"]:  # checkpoint written: stop cleanly, resume=auto goes on
                 summary["requeued"] = requeue_job(str(cfg.checkpoint.requeue)) if topo.is_main else None
             else:
@@ -208,9 +215,14 @@ class Trainer:
                       (vocab.ids, self.target.lm_head_weight))
         logger.summary(summary)
 
-    def train(self, logger) -> dict:
-        ck = checkpointer(self.cfg, self.out_dir, self.topo, self.train_step)
-        progress = Progress.restore(saved := ck.load())
+    def train(self, logger, ck=None, saved: dict | None = None, before: dict | None = None) -> dict:
+        """The loop from `saved`, the state `ck` restored (run() found and checked it before
+        its evaluation; without `ck`, found here); `before`, the evaluation before
+        training, goes into every checkpoint for the summary of a resumed run."""
+        if ck is None:
+            ck = checkpointer(self.cfg, self.out_dir, self.topo, self.train_step)
+            saved = ck.load()
+        progress = Progress.restore(saved)
         warmed = warm_run(self.train_step, self.shapes.warm, self.topo,
                           bool(self.cfg.logger.progress), self.planner.packs_rows)
         monitor = CompileMonitor(choice(self.cfg.warmup.on_compile), loaded_autotuners)
@@ -239,7 +251,8 @@ class Trainer:
                 bar.update(1)
                 preempted = stop.requested(progress.step, meter.every)
                 ck.after_step(progress.step, preempted, lambda b=item.batch: (
-                    self.length.next_position(b), progress.snapshot(meter.totals)), meter.every)
+                    self.length.next_position(b),
+                    {**progress.snapshot(meter.totals), "before": before}), meter.every)
                 if preempted or progress.step >= self.total_steps:
                     items.close()  # stops the pipeline's threads
                     break

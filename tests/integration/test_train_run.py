@@ -179,6 +179,35 @@ def test_runner_is_deterministic_for_a_seed(tmp_path, cache):
         assert torch.equal(runs[0][k], runs[1][k]), k
 
 
+def test_a_resumed_run_keeps_its_first_evaluation_and_another_runs_checkpoint_costs_none(
+        tmp_path, cache):
+    """The evaluation before training runs once a run: a resume takes it from the
+    checkpoint (the same figure in its summary), and a checkpoint of another run is
+    refused before it (minutes of decoding on a real target)."""
+    from dflash.errors import DataError
+    short = ["epochs=1", "optim.max_steps=4", "checkpoint.every_steps=2", "warmup=none",
+             "eval.num_prompts=2", "eval.max_new_tokens=8"]
+
+    def counted(r):
+        r.evals = []
+        evaluate = r.evaluate
+        r.evaluate = lambda *a, **k: (r.evals.append(k.get("label")), evaluate(*a, **k))[1]
+        return r
+
+    first = counted(_runner(cache, tmp_path / "a", short))
+    whole = first.run()
+    step2 = tmp_path / "a" / "checkpoints" / "step-000000002"
+    assert first.evals[0] == "eval before training" and step2.is_dir()
+    again = counted(_runner(cache, tmp_path / "b", [*short, f"resume={step2}"]))
+    resumed = again.run()
+    assert resumed["resumed_from"] == str(step2) and "eval before training" not in again.evals
+    assert resumed["initial_acceptance_length"] == whole["initial_acceptance_length"]
+    other = counted(_runner(cache, tmp_path / "c", [*short, "optim.lr=1e-2", f"resume={step2}"]))
+    with pytest.raises(DataError, match="optim.lr"):
+        other.run()
+    assert other.evals == []
+
+
 def test_runner_trains_packed_rows_in_one_shape(tmp_path, cache):
     r = _runner(cache, tmp_path, ["batching=packed", "epochs=1", "optim.max_steps=6",
                                   "eval.enabled=false", "warmup=all"])
