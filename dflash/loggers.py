@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from dflash.errors import require
+from dflash.errors import ConfigError, one_line, require
 from dflash.options import choice, options
 
 
@@ -106,10 +106,13 @@ class WandbLogger(Logger):
         # a run resumed in its dir goes on in the W&B run it started (its id is kept there)
         id_file = Path(out_dir) / "wandb_run_id"
         run_id = id_file.read_text().strip() if resuming and id_file.exists() else None
-        self.run = wandb.init(project=cfg.project, mode=choice(cfg.mode), dir=str(out_dir),
-                              config=resolved_config, group=group or cfg.get("group"),
-                              name=run_name or cfg.get("run_name"), reinit="finish_previous",
-                              id=run_id, resume="allow" if run_id else None)
+        try:
+            self.run = wandb.init(project=cfg.project, mode=choice(cfg.mode), dir=str(out_dir),
+                                  config=resolved_config, group=group or cfg.get("group"),
+                                  name=run_name or cfg.get("run_name"), reinit="finish_previous",
+                                  id=run_id, resume="allow" if run_id else None)
+        except Exception as exc:  # noqa: BLE001  (no key, no network, a bad WANDB_* setting)
+            raise wandb_refused(cfg, exc) from None
         id_file.write_text(self.run.id)
         self.run.define_metric("step")
         for ns in ("train", "perf", "plan"):
@@ -194,6 +197,34 @@ def _histogram(lengths: np.ndarray, boundaries):
     ax.set(xlabel="sample length (tokens)", ylabel="samples", title="lengths and bucket boundaries")
     fig.tight_layout()
     return fig
+
+
+NO_KEY = ("run `wandb login` or set WANDB_API_KEY, or use logger.mode=offline and `wandb "
+          "sync` later")
+
+
+def wandb_refused(cfg, exc: Exception) -> ConfigError:
+    said = f"{type(exc).__name__}: {one_line(exc, 200)}"
+    fix = f"; {NO_KEY}" if "API key" in said else ""
+    return ConfigError(f"logger=wandb logger.mode={choice(cfg.mode)}: W&B could not start a "
+                       f"run ({said}){fix}")
+
+
+def check_wandb_login(cfg) -> None:
+    """logger=wandb online: W&B's credentials are looked up at start (no network), so a
+    job without them stops before its target loads, not when its first record is due.
+    Training checks this on rank 0; preflight does not (it runs where the job is planned,
+    often not where it runs)."""
+    if cfg.name != "wandb" or choice(cfg.mode) != "online":
+        return
+    import sys
+    import wandb
+    try:  # False (no prompt) or UsageError: no key found
+        found = wandb.login(verify=False, prompt=sys.stdin.isatty())
+    except Exception as exc:  # noqa: BLE001
+        raise wandb_refused(cfg, exc) from None
+    if not found:
+        raise ConfigError(f"logger=wandb logger.mode=online: no W&B API key here; {NO_KEY}")
 
 
 def build_logger(cfg, out_dir: Path, resolved_config: dict, rank: int = 0,

@@ -33,7 +33,7 @@ from dflash.batching.strategies import planner_for
 from dflash.eval.config import check_eval_config
 from dflash.eval.held_out import held_out_report
 from dflash.eval.teacher_forced import acceptance_gap
-from dflash.loggers import build_logger, check_logger
+from dflash.loggers import build_logger, check_logger, check_wandb_login
 from dflash.metrics import Meter, NonFiniteGuard
 from dflash.model.build import (build_draft_vocab, build_drafter, build_objective, check_init,
                                  model_record)
@@ -84,6 +84,8 @@ class Trainer:
         # `cost=FILE` is read now: a file of another device or model is refused before
         # the target loads, not after the first evaluation and warmup
         self.pricer = step_pricer(cfg, topo.drafter_device)
+        if topo.is_main:
+            check_wandb_login(cfg.logger)
         use_compile_caches(cfg.data.cache_dir)  # before anything compiles or tunes
         torch.manual_seed(int(cfg.seed))
         self.sources = sources_for_ranks(cfg, topo)
