@@ -40,7 +40,9 @@ log = logging.getLogger("dflash.regenerate")
 def build_backend(cfg, tok, topo):
     if choice(cfg.backend) == "openai":
         from dflash.decode.server import OpenAIBackend
-        return OpenAIBackend.from_config(cfg, tok)
+        backend = OpenAIBackend.from_config(cfg, tok)
+        backend.check_server()  # before any prompt is read or sent
+        return backend
     from dflash.decode.local import LocalBackend
     from dflash.model.target import Target
     mode = choice(cfg.model.compile)

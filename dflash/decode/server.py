@@ -3,14 +3,20 @@
 The same requests go out as chat completions through the `openai` client (its own
 timeouts and retries with backoff), at most `concurrency` in flight; the server applies
 its chat template (template options go in `chat_template_kwargs`, as vLLM and SGLang
-read them). A request that still fails after its retries is reported, not fatal.
+read them). A request that still fails after its retries is reported, not fatal; a
+server that does not answer at all is: at start (`check_server`, which also finds the
+model among those served) and when every request of a batch found no server.
 """
 from __future__ import annotations
 
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 from dflash.decode.backend import Sampling
+from dflash.errors import ConfigError, DataError, one_line
+
+log = logging.getLogger("dflash.regenerate")
 
 
 class OpenAIBackend:
@@ -35,6 +41,29 @@ class OpenAIBackend:
                              timeout=float(server.timeout), max_retries=int(server.retries))
         self.model, self.concurrency = server.model, max(1, int(server.concurrency))
         self.sampling, self.template_kwargs = sampling, dict(template_kwargs or {})
+        self.url, self.key_env = str(server.base_url), str(server.api_key_env)
+
+    def check_server(self) -> None:
+        """At start, before any request: a server answers at `base_url`, takes the key,
+        and serves `model` (one line naming what is wrong). A server without a model
+        list (an HTTP error other than 401/403 on GET /models) is let through."""
+        import openai
+        try:
+            served = [m.id for m in self.client.models.list()]
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            raise ConfigError(f"openai.base_url={self.url} refused the API key (HTTP "
+                              f"{exc.status_code}): set ${self.key_env} (openai.api_key_env)") from None
+        except openai.APIConnectionError as exc:
+            raise ConfigError(f"openai.base_url={self.url}: no server answers there "
+                              f"({one_line(exc, 120)}); start it or fix the URL") from None
+        except openai.APIStatusError as exc:
+            log.info("%s lists no models (HTTP %s): openai.model=%s not checked", self.url,
+                     exc.status_code, self.model)
+            return
+        if served and self.model not in served:
+            shown = ", ".join(served[:8]) + (f" (+{len(served) - 8} more)" if len(served) > 8 else "")
+            raise ConfigError(f"openai.model={self.model} is not served at {self.url}; it "
+                              f"serves {shown}")
 
     def _one(self, messages: list) -> dict:
         try:
@@ -44,7 +73,10 @@ class OpenAIBackend:
                 model=self.model, messages=messages, max_tokens=s.max_new_tokens,
                 temperature=s.temperature, top_p=s.top_p, seed=s.seed, extra_body=extra)
         except Exception as exc:  # noqa: BLE001  (after the client's retries: report it)
-            return {"error": f"request failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]}
+            from openai import APIConnectionError, APITimeoutError
+            gone = isinstance(exc, APIConnectionError) and not isinstance(exc, APITimeoutError)
+            return {"error": f"request failed: {type(exc).__name__}: {exc}".splitlines()[0][:300],
+                    "no_server": gone}
         choice = (r.choices or [None])[0]
         msg = getattr(choice, "message", None)
         if msg is None:  # a reply with no choice (some servers' content filter): failed
@@ -72,4 +104,12 @@ class OpenAIBackend:
         """Replies to `requests` (their `messages`), at most `concurrency` in flight."""
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             outs = list(pool.map(self._one, [r.messages for r in requests]))
-        return [{"key": r.key, **o} for r, o in zip(requests, outs)]
+        if outs and all(o.get("no_server") for o in outs):
+            # the server went away: stop rather than mark every prompt left failed; the
+            # batches written so far are kept, and the same command goes on from them
+            raise DataError(f"openai.base_url={self.url} stopped answering: all {len(outs)} "
+                            f"requests of batch {batch_index} found no server "
+                            f"({outs[0]['error'][len('request failed: '):][:120]}); rerun the "
+                            "same command once it is back to go on")
+        return [{"key": r.key, **{k: v for k, v in o.items() if k != "no_server"}}
+                for r, o in zip(requests, outs)]

@@ -188,6 +188,22 @@ def test_openai_backend_each_turn_with_retries_and_bounded_concurrency(tmp_path,
     assert 1 < _Server.peak <= 3
 
 
+def test_a_server_that_does_not_answer_is_refused_before_any_prompt(tmp_path, chat_tokenizer):
+    import socket
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inp = _jsonl(tmp_path / "in.jsonl", _chats(4))
+    out = tmp_path / "o.jsonl"
+    proc = run_module("dflash.regenerate", *_args(chat_tokenizer, inp, out, "backend=openai",
+                      f"openai.base_url=http://127.0.0.1:{port}/v1", "openai.retries=0"),
+                      check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("no server answers there "
+                                                         "(Connection error.); start it or fix the URL")
+    assert not out.exists() and not (tmp_path / "o.jsonl.parts").exists()
+
+
 def test_every_local_path_writes_the_same_greedy_replies(tmp_path, chat_tokenizer):
     """A dflash drafter accelerates greedy decoding without changing it; so does the
     compiled static-cache path; two gloo ranks under torchrun, or two submitit tasks

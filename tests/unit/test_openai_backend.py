@@ -4,8 +4,11 @@ import json
 from http.server import BaseHTTPRequestHandler
 from types import SimpleNamespace
 
+import pytest
+
 from dflash.decode.backend import Sampling
 from dflash.decode.server import OpenAIBackend
+from dflash.errors import ConfigError, DataError
 from tests.helpers.http import send_json, serving
 
 MESSAGE = {"role": "assistant", "content": "the answer"}
@@ -40,12 +43,15 @@ class _Handler(BaseHTTPRequestHandler):
                          "model": body["model"], "choices": CHOICES[body["messages"][-1]["content"]]})
 
 
+def _backend(port, model="m", tokenizer=None):
+    return OpenAIBackend(SimpleNamespace(
+        base_url=f"http://127.0.0.1:{port}/v1", model=model, api_key_env="NONE",
+        concurrency=2, timeout=10, retries=0), Sampling(max_new_tokens=8), tokenizer=tokenizer)
+
+
 def test_reasoning_under_either_name_and_a_reply_without_a_choice_is_a_failed_request():
     with serving(_Handler) as port:
-        backend = OpenAIBackend(SimpleNamespace(
-            base_url=f"http://127.0.0.1:{port}/v1", model="m", api_key_env="NONE",
-            concurrency=2, timeout=10, retries=0), Sampling(max_new_tokens=8),
-            tokenizer=_WordCounter())
+        backend = _backend(port, tokenizer=_WordCounter())
         reqs = [SimpleNamespace(key=k, messages=[{"role": "user", "content": k}]) for k in CHOICES]
         out = {r["key"]: r for r in backend.generate(reqs)}
     assert out["sglang"]["reasoning"] == "thought a" and out["sglang"]["finish_reason"] == "stop"
@@ -56,3 +62,36 @@ def test_reasoning_under_either_name_and_a_reply_without_a_choice_is_a_failed_re
     for k in ("filtered", "null", "no message"):  # counted failed and asked again on rerun
         assert "error" in out[k] and "no choices" in out[k]["error"], out[k]
     assert "content filter" in out["content filter"]["error"]
+
+
+class _Models(_Handler):
+    """GET /v1/models as vLLM answers it, or 401 for a server whose key is not given."""
+    status = 200
+
+    def do_GET(self):
+        send_json(self, {"object": "list", "data": [{"id": "org/served", "object": "model"}]}
+                  if self.status == 200 else {"error": "unauthorized"}, self.status)
+
+
+def test_the_server_is_checked_before_any_prompt_goes_out(monkeypatch):
+    with serving(_Models) as port:
+        _backend(port, model="org/served").check_server()
+        with pytest.raises(ConfigError, match="openai.model=m is not served at .* it serves org/served"):
+            _backend(port).check_server()
+        monkeypatch.setattr(_Models, "status", 401)
+        with pytest.raises(ConfigError, match=r"refused the API key \(HTTP 401\): set \$NONE"):
+            _backend(port, model="org/served").check_server()
+    with serving(_Handler) as port:  # no model list (HTTP 501 on GET): let through
+        _backend(port).check_server()
+    with pytest.raises(ConfigError, match="no server answers there"):
+        _backend(port).check_server()  # that server is gone
+
+
+def test_a_server_that_goes_away_stops_the_run_instead_of_failing_every_prompt():
+    reqs = [SimpleNamespace(key=k, messages=[{"role": "user", "content": k}])
+            for k in ("sglang", "vllm", "gateway")]
+    with serving(_Handler) as port:
+        assert len(_backend(port).generate(reqs)) == 3
+    with pytest.raises(DataError, match="stopped answering: all 3 requests of batch 5 found "
+                                        "no server .*rerun the same command"):
+        _backend(port).generate(reqs, batch_index=5)
