@@ -220,7 +220,7 @@ def check_wandb_login(cfg) -> None:
     import sys
     import wandb
     try:  # False (no prompt) or UsageError: no key found
-        found = wandb.login(verify=False, prompt=sys.stdin.isatty())
+        found = wandb.login(verify=False, prompt=bool(sys.stdin and sys.stdin.isatty()))
     except Exception as exc:  # noqa: BLE001
         raise wandb_refused(cfg, exc) from None
     if not found:

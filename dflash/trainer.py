@@ -158,15 +158,16 @@ class Trainer:
         t_start = time.time()
         resolved = OmegaConf.to_container(cfg, resolve=True)
         names = run_names(cfg.logger)
+        # the checkpoint to resume from, refused now if it is another run's (not after the
+        # evaluation, nor with a W&B run opened for it); a resumed run takes the
+        # evaluation before training it saved
+        ck = checkpointer(cfg, self.out_dir, topo, self.train_step)
+        found = ck.checked()
         logger = build_logger(cfg.logger, self.out_dir, resolved, topo.rank,
                               run_name=names["run_name"], group=names["group"],
                               resuming=str(cfg.resume) != "never")
         failed = True
         try:
-            # the checkpoint to resume from, refused now if it is another run's (not after
-            # the evaluation); a resumed run takes the evaluation before training it saved
-            ck = checkpointer(cfg, self.out_dir, topo, self.train_step)
-            found = ck.checked()
             before = found[2].get("before") if found else None
             if before is None:
                 before = self.evaluate(label="eval before training") if self.evaluates else {}
