@@ -71,12 +71,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ready(port: int, proc: subprocess.Popen, timeout: float) -> None:
+def _last_line(log_path: Path) -> str:
+    """The server's own last word (why it exited: a model it cannot load, a bad flag)."""
+    try:
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return f": {one_line(lines[-1], 200)}" if lines else ""
+
+
+def _ready(port: int, proc: subprocess.Popen, timeout: float, log_path: Path) -> None:
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
             raise ToolError(f"llama-server exited with status {proc.returncode} before it "
-                              "was ready (its log is beside the GGUF files)")
+                            f"was ready ({log_path}){_last_line(log_path)}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 if r.status == 200:
@@ -100,7 +109,7 @@ def serving(tree: Path, target_gguf: Path, args: list, log_path: Path, threads: 
              "-c", str(int(context) * slots), "-np", str(slots), "--no-warmup"],
             stdout=log, stderr=subprocess.STDOUT)
         try:
-            _ready(port, server, timeout)
+            _ready(port, server, timeout, Path(log_path))
             yield port
         finally:
             server.terminate()

@@ -88,3 +88,21 @@ def test_a_tree_without_a_built_server_is_refused_naming_the_key(tmp_path, monke
     monkeypatch.setenv("LLAMA_CPP_DIR", str(tmp_path))
     with pytest.raises(ConfigError, match="no build/bin/llama-server"):
         llama_cpp_tree(None)
+
+
+def test_a_server_that_exits_at_start_is_one_line_with_its_own_reason(tmp_path):
+    from dflash.errors import ToolError
+    from dflash.recipe.llama_cpp import serving
+    tree = tmp_path / "llama.cpp"
+    (tree / "build" / "bin").mkdir(parents=True)
+    server = tree / "build" / "bin" / "llama-server"
+    server.write_text("#!/bin/sh\necho 'loading model'\n"
+                      "echo \"llama_model_load: error loading model: unknown model architecture: 'x'\"\n"
+                      "exit 1\n")
+    server.chmod(0o755)
+    log = tmp_path / "server.log"
+    with pytest.raises(ToolError, match=r"exited with status 1 before it was ready \(.*server.log\): "
+                                        r"llama_model_load: error loading model: unknown model "
+                                        r"architecture: 'x'$"):
+        with serving(tree, tmp_path / "t.gguf", [], log, timeout=30):
+            pass
