@@ -1,5 +1,7 @@
 """Preemption: SIGTERM / SIGUSR1 / SIGUSR2 ask the run to checkpoint and stop at the next
 step boundary (every rank after the same step), and the SLURM job is requeued after it.
+Ctrl-C (SIGINT) stops the same way, without the requeue (a person stopped it); a second
+Ctrl-C interrupts at once.
 
 Before training starts there is nothing to save, so a signal then stops the app at once
 (`StopSignals` raises `Preempted`): a target load or a data build can take minutes, more
@@ -16,14 +18,17 @@ from dflash.errors import ConfigError
 log = logging.getLogger("dflash.preemption")
 
 
-def requeue_job(policy: str) -> str | None:
+def requeue_job(policy: str, signame: str | None = None) -> str | None:
     """After a preemption checkpoint: ask SLURM to requeue this job (what submitit does
     for its own checkpointable jobs). Returns what was done, for the summary; a failed
-    request is a warning, never an error (the checkpoint is already safe)."""
+    request is a warning, never an error (the checkpoint is already safe). A run stopped
+    by Ctrl-C (`signame` SIGINT) is not requeued."""
     import subprocess
     policy = str(policy).lower()
     if policy not in ("auto", "true", "false"):
         raise ConfigError(f"checkpoint.requeue must be auto, true or false, got {policy!r}")
+    if signame == "SIGINT":
+        return None
     job = os.environ.get("SLURM_ARRAY_JOB_ID") and (
         f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}")
     job = job or os.environ.get("SLURM_JOB_ID")
@@ -42,7 +47,8 @@ def requeue_job(policy: str) -> str | None:
     return job
 
 
-SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")  # SIGUSR2: submitit's preemption signal
+# SIGUSR2: submitit's preemption signal; SIGINT: Ctrl-C (a traceback and no checkpoint before)
+SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
 
 
 def _install(handler) -> dict:
@@ -94,7 +100,10 @@ class StopSignals:
         return False
 
     def _handle(self, signum, _frame):
+        import signal
         self.signum = signum
+        if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if self.raising:
             self.raising = False  # one raise: the unwinding must not be interrupted again
             raise Preempted(self.signame)
@@ -127,9 +136,12 @@ class SignalStop:
         self.old = _install(self._handle)
 
     def _handle(self, signum, _frame):
+        import signal
         self.signum = signum
         if _ACTIVE is not None:
             _ACTIVE.signum = signum
+        if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once (restore() puts
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # this one back)
 
     def requested(self, step: int, every: int):
         """The signal's name when the run should stop now, else None."""

@@ -178,7 +178,8 @@ class Trainer:
                     logger.log_eval(before, 0)
             summary = self.train(logger, ck, ck.restore(found), before)
             if summary["preempted"]:  # checkpoint written: stop cleanly, resume=auto goes on
-                summary["requeued"] = requeue_job(str(cfg.checkpoint.requeue)) if topo.is_main else None
+                summary["requeued"] = (requeue_job(str(cfg.checkpoint.requeue), summary["preempted"])
+                                       if topo.is_main else None)
             else:
                 summary = self.finish(summary, before, logger, names)
             summary["wall_seconds"] = time.time() - t_start

@@ -98,7 +98,7 @@ def stopped_before_start(cfg, module: str, argv: list[str], signame: str, out_di
     from dflash.topology import launch_rank
     main_rank = launch_rank() == 0
     if main_rank:
-        requeue_job(str(cfg.checkpoint.requeue))
+        requeue_job(str(cfg.checkpoint.requeue), signame)
     stopped(module, argv, signame, out_dir, "stopped before training began, nothing to save",
             main_rank)
 

@@ -208,6 +208,42 @@ def test_a_resumed_run_keeps_its_first_evaluation_and_another_runs_checkpoint_co
     assert other.evals == []
 
 
+def test_ctrl_c_checkpoints_and_prints_the_command_that_goes_on(tmp_path, cache):
+    """The first Ctrl-C stops a run as a preemption does (it was a KeyboardInterrupt
+    traceback and no checkpoint), without asking SLURM to requeue it."""
+    import os
+    import signal
+    import threading
+    import time
+    run = tmp_path / "run"
+    metrics = run / "metrics.jsonl"
+
+    def press():  # once a step is logged, as a person at the terminal would
+        deadline = time.time() + 120
+        while not (metrics.exists() and metrics.stat().st_size) and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    ignore = signal.signal(signal.SIGINT, lambda *a: None)  # a late press never hits pytest
+    presser = threading.Thread(target=press, daemon=True)
+    presser.start()
+    try:
+        proc = run_module("dflash.train", *WORLD, f"data.cache_dir={cache}", "epochs=20",
+                          "eval.enabled=false", "logger.progress=false", "logger.log_every=1",
+                          "warmup=none", f"hydra.run.dir={run}")
+    finally:
+        presser.join()
+        signal.signal(signal.SIGINT, ignore)
+    summary = json.loads((run / "summary.json").read_text())
+    steps = summary["steps"]
+    assert summary["preempted"] == "SIGINT" and summary["requeued"] is None
+    assert 0 < steps < 20 * summary["steps_per_epoch"]
+    assert (run / "checkpoints" / f"step-{steps:09d}").is_dir()
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"dflash: SIGINT in {run}: checkpointed at step {steps}. To go on:")
+    assert line.endswith(f"hydra.run.dir={run} resume=auto")
+
+
 def test_runner_trains_packed_rows_in_one_shape(tmp_path, cache):
     r = _runner(cache, tmp_path, ["batching=packed", "epochs=1", "optim.max_steps=6",
                                   "eval.enabled=false", "warmup=all"])
