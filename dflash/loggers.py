@@ -211,8 +211,9 @@ def wandb_refused(cfg, exc: Exception) -> ConfigError:
 
 
 def check_wandb_login(cfg) -> None:
-    """logger=wandb online: W&B's credentials are looked up at start (no network), so a
-    job without them stops before its target loads, not when its first record is due.
+    """logger=wandb online: W&B's credentials are looked up at start (found, not verified
+    with the server), so a job without them stops before its target loads, not when its
+    first record is due.
     Training checks this on rank 0; preflight does not (it runs where the job is planned,
     often not where it runs)."""
     if cfg.name != "wandb" or choice(cfg.mode) != "online":

@@ -20,6 +20,9 @@ def no_credentials(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    # W&B greets a found key with the account's name, asked of its server (5 s to time
+    # out on a machine without the internet); silent, it does not ask
+    monkeypatch.setenv("WANDB_SILENT", "true")
     import wandb
     wandb.teardown()  # W&B reads its environment once a process: read this one
     yield tmp_path
