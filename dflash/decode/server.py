@@ -46,7 +46,9 @@ class OpenAIBackend:
     def check_server(self) -> None:
         """At start, before any request: a server answers at `base_url`, takes the key,
         and serves `model` (one line naming what is wrong). A server without a model
-        list (an HTTP error other than 401/403 on GET /models) is let through."""
+        list (an HTTP error other than 401/403 on GET /models, a body that is not one) is
+        let through; a model it does not list is refused only when a one-token request
+        under its name is refused as not found (llama.cpp's server answers any name)."""
         import openai
         try:
             served = [m.id for m in self.client.models.list()]
@@ -56,14 +58,23 @@ class OpenAIBackend:
         except openai.APIConnectionError as exc:
             raise ConfigError(f"openai.base_url={self.url}: no server answers there "
                               f"({one_line(exc, 120)}); start it or fix the URL") from None
-        except openai.APIStatusError as exc:
-            log.info("%s lists no models (HTTP %s): openai.model=%s not checked", self.url,
-                     exc.status_code, self.model)
+        except Exception as exc:  # noqa: BLE001  (an HTTP error, a body that is no model list)
+            log.info("%s lists no models (%s: %s): openai.model=%s not checked", self.url,
+                     type(exc).__name__, one_line(exc, 80), self.model)
             return
-        if served and self.model not in served:
+        if not served or self.model in served:
+            return
+        # not listed: some servers answer any name (llama.cpp's serves its one model
+        # whatever a request names), so one token asked under it decides
+        try:
+            self.client.chat.completions.create(
+                model=self.model, messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+        except openai.NotFoundError:
             shown = ", ".join(served[:8]) + (f" (+{len(served) - 8} more)" if len(served) > 8 else "")
             raise ConfigError(f"openai.model={self.model} is not served at {self.url}; it "
-                              f"serves {shown}")
+                              f"serves {shown}") from None
+        except Exception:  # noqa: BLE001  (another refusal: the requests will say theirs)
+            return
 
     def _one(self, messages: list) -> dict:
         try:

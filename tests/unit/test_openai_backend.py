@@ -65,12 +65,28 @@ def test_reasoning_under_either_name_and_a_reply_without_a_choice_is_a_failed_re
 
 
 class _Models(_Handler):
-    """GET /v1/models as vLLM answers it, or 401 for a server whose key is not given."""
-    status = 200
+    """GET /v1/models as vLLM answers it (401 for a server whose key is not given), and
+    a request under a name it does not serve refused as vLLM does (404) or answered as
+    llama.cpp's server does (`any_name`: its one model, whatever the request names)."""
+    status, any_name = 200, False
 
     def do_GET(self):
+        if self.status == 0:  # a server whose /models is a web page
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>hello</html>")
+            return
         send_json(self, {"object": "list", "data": [{"id": "org/served", "object": "model"}]}
                   if self.status == 200 else {"error": "unauthorized"}, self.status)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body["model"] != "org/served" and not self.any_name:
+            send_json(self, {"error": {"message": f"The model `{body['model']}` does not exist."}}, 404)
+            return
+        send_json(self, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                         "choices": [{"index": 0, "finish_reason": "length", "message": MESSAGE}]})
 
 
 def test_the_server_is_checked_before_any_prompt_goes_out(monkeypatch):
@@ -78,6 +94,10 @@ def test_the_server_is_checked_before_any_prompt_goes_out(monkeypatch):
         _backend(port, model="org/served").check_server()
         with pytest.raises(ConfigError, match="openai.model=m is not served at .* it serves org/served"):
             _backend(port).check_server()
+        monkeypatch.setattr(_Models, "any_name", True)  # not listed, but answered: let through
+        _backend(port).check_server()
+        monkeypatch.setattr(_Models, "status", 0)  # no model list to read: let through
+        _backend(port).check_server()
         monkeypatch.setattr(_Models, "status", 401)
         with pytest.raises(ConfigError, match=r"refused the API key \(HTTP 401\): set \$NONE"):
             _backend(port, model="org/served").check_server()
