@@ -27,9 +27,20 @@ class StageFailed(ToolError):
 
 
 def run_app(module: str, args: list) -> None:
-    """One of dflash's apps in its own process (its output streams through)."""
+    """One of dflash's apps in its own process (its output streams through). Ctrl-C
+    reaches the app from the terminal (training checkpoints on it) while this process
+    waits for it: subprocess.run would kill the app a quarter second after the key."""
+    import signal
+    import threading
     cmd = [sys.executable, "-m", module, *map(str, args)]
-    rc = subprocess.run(cmd).returncode
+    proc = subprocess.Popen(cmd)
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        rc = proc.wait()
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, old)
     if rc < 0:  # a signal ended it: its parts / checkpoints are what the rerun goes on from
         import signal
         raise StageStopped(f"stage {module} was stopped by {signal.Signals(-rc).name}; rerun "

@@ -227,3 +227,41 @@ def test_a_stage_ended_by_a_signal_is_resumable_and_a_failed_one_says_so(tmp_pat
         app("selfkill", [])
     with pytest.raises(StageFailed, match="ended with status 3"):
         app("fails", [])
+    # Ctrl-C reaches the stage's app and the recipe waits for it (subprocess.run killed
+    # the app a quarter second after the key): a train stage checkpoints, then exits
+    import os
+    import signal
+    import threading
+    import time
+    (tmp_path / "ctrl_c.py").write_text(
+        "import os, signal, sys, time\n"
+        "def stop(*a):\n"
+        "    time.sleep(0.6)  # the checkpoint\n"
+        f"    open({str(tmp_path / 'saved')!r}, 'w').close()\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGINT, stop)\n"
+        f"open({str(tmp_path / 'up')!r}, 'w').close()\n"
+        "time.sleep(30)\n")
+    from dflash.recipe import stages
+    apps = []
+    monkeypatch.setattr(stages.subprocess, "Popen",
+                        lambda cmd, _p=stages.subprocess.Popen: apps.append(_p(cmd)) or apps[-1])
+
+    def press():  # the terminal sends it to the recipe and to its app
+        while not (tmp_path / "up").exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(apps[0].pid, signal.SIGINT)
+
+    def reached(*a):
+        raise RuntimeError("Ctrl-C reached the recipe while its stage ran")
+    mine = signal.signal(signal.SIGINT, reached)
+    presser = threading.Thread(target=press, daemon=True)
+    presser.start()
+    try:
+        app("ctrl_c", [])
+    finally:
+        presser.join()
+        assert signal.getsignal(signal.SIGINT) is reached  # put back after the stage
+        signal.signal(signal.SIGINT, mine)
+    assert (tmp_path / "saved").exists()
