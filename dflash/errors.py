@@ -58,7 +58,8 @@ def check_file_path(key: str, value) -> None:
 
 def user_errors_exit(fn):
     """For an app's Hydra task function: a UserError ends the run with its one message
-    and exit status 2, not a traceback."""
+    and exit status 2, not a traceback; Ctrl-C (where the app does not stop on it
+    itself, as training does) with one line and status 130, the shell's for SIGINT."""
     import functools
     import sys
 
@@ -69,4 +70,8 @@ def user_errors_exit(fn):
         except UserError as exc:
             print(f"dflash: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
+        except KeyboardInterrupt:
+            print(f"dflash: {fn.__module__.split('.')[-1]} interrupted (Ctrl-C); what it "
+                  "wrote before is kept", file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
     return wrapper

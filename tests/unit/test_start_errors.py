@@ -29,3 +29,19 @@ def test_prompt_generation_that_runs_out_is_one_line(tmp_path, monkeypatch, caps
     assert e.value.code == 2 and len(err.splitlines()) == 1
     assert "no new prompt after 10,000 draws at prompt 1 of 2" in err
     assert not (tmp_path / "p.jsonl").exists()  # nothing half-written
+
+
+def test_ctrl_c_in_an_app_is_one_line_and_the_shells_status(capsys):
+    """An app that does not stop on Ctrl-C itself (regenerate, eval, prepare; training's
+    second press) ends with one line and status 130, not a KeyboardInterrupt traceback."""
+    from dflash.errors import user_errors_exit
+
+    @user_errors_exit
+    def app():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as ended:
+        app()
+    assert ended.value.code == 130
+    assert capsys.readouterr().err.strip() == (
+        "dflash: test_start_errors interrupted (Ctrl-C); what it wrote before is kept")
