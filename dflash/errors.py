@@ -42,6 +42,20 @@ def require(ok: bool, key: str, value, want: str) -> None:
         raise ConfigError(f"{key}={value}: must be {want}")
 
 
+def check_dir_path(key: str, value) -> None:
+    """`key=value` names a directory an app writes into (a cache): a file there or among
+    its parents is refused at start (it failed with a traceback when the first entry was
+    written). Nothing is created, and a parent's permissions are not judged: preflight
+    runs the same check on the machine the job is planned on, whose disks may differ."""
+    from pathlib import Path
+    path = Path(str(value))
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key}={value}: a file, not a directory")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ConfigError(f"{key}={value}: {parent} is a file, not a directory")
+
+
 def check_file_path(key: str, value) -> None:
     """`key=value` names a file an app writes at its end: one that cannot be written
     there (a directory, or a parent that is a file) is refused before the work."""

@@ -33,6 +33,7 @@ from dflash.batching.strategies import planner_for
 from dflash.eval.config import check_eval_config
 from dflash.eval.held_out import held_out_report
 from dflash.eval.teacher_forced import acceptance_gap
+from dflash.errors import check_dir_path
 from dflash.loggers import build_logger, check_logger, check_wandb_login
 from dflash.metrics import Meter, NonFiniteGuard
 from dflash.model.build import (build_draft_vocab, build_drafter, build_objective, check_init,
@@ -68,6 +69,7 @@ def check_settings(cfg) -> None:
     check_eval_config(cfg.eval)
     check_logger(cfg.logger)
     check_init(cfg.model.drafter)
+    check_dir_path("data.cache_dir", cfg.data.cache_dir)
 
 
 class Trainer:

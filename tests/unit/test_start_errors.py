@@ -45,3 +45,17 @@ def test_ctrl_c_in_an_app_is_one_line_and_the_shells_status(capsys):
     assert ended.value.code == 130
     assert capsys.readouterr().err.strip() == (
         "dflash: test_start_errors interrupted (Ctrl-C); what it wrote before is kept")
+
+
+def test_a_cache_dir_that_cannot_be_one_is_refused_before_training_builds(tmp_path):
+    """data.cache_dir under a file failed with NotADirectoryError when warmup made its
+    compile cache (after the data); nothing is created by the check (preflight runs it)."""
+    from dflash.config import compose
+    from dflash.trainer import check_settings
+    (tmp_path / "f").write_text("")
+    for where, named in [(tmp_path / "f", "a file, not a directory"),
+                         (tmp_path / "f" / "c", f"{tmp_path / 'f'} is a file, not a directory")]:
+        with pytest.raises(ConfigError, match=rf"data.cache_dir={where}: {named}"):
+            check_settings(compose("train", [f"data.cache_dir={where}"]))
+    check_settings(compose("train", [f"data.cache_dir={tmp_path / 'new' / 'cache'}"]))
+    assert not (tmp_path / "new").exists()
