@@ -27,7 +27,7 @@ from dflash.batching.bucket_fit.optimal import (build_cost_table, choose_auto, o
 from dflash.batching.bucket_fit.caps import fit_bucket_caps
 from dflash.batching.step_cost import load_cost_file
 from dflash.batching.bucket_fit.refine import refine_by_simulation
-from dflash.errors import DataError, check_file_path, user_errors_exit
+from dflash.errors import DataError, check_file_path, hydra_dirs_checked, user_errors_exit
 from dflash.batching.metrics import format_table
 from dflash.batching.strategies import PackingSpec
 from dflash.data.build import load_data
@@ -229,6 +229,7 @@ def format_result(result: dict) -> str:
     return "\n".join(lines)
 
 
+@hydra_dirs_checked
 @hydra.main(config_path="conf", config_name="bucket_fit", version_base="1.3")
 @user_errors_exit
 def main(cfg: DictConfig) -> None:

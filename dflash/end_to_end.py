@@ -10,13 +10,14 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash import config
-from dflash.errors import user_errors_exit
+from dflash.errors import hydra_dirs_checked, user_errors_exit
 from dflash.recipe.run import run
 from dflash.recipe.summary import format_summary
 
 config.register()
 
 
+@hydra_dirs_checked
 @hydra.main(config_path="conf", config_name="end_to_end", version_base="1.3")
 @user_errors_exit
 def main(cfg: DictConfig) -> None:

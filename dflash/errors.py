@@ -56,6 +56,27 @@ def check_dir_path(key: str, value) -> None:
         raise ConfigError(f"{key}={value}: {parent} is a file, not a directory")
 
 
+def hydra_dirs_checked(main):
+    """Outside an app's @hydra.main: a run or sweep dir the command names that cannot be
+    a directory (under a file) is one line; Hydra makes it before the app starts, with
+    a traceback."""
+    import functools
+    import sys
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        for arg in sys.argv[1:]:
+            key, eq, value = arg.lstrip("+").partition("=")
+            if eq and key in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in value:
+                try:
+                    check_dir_path(key, value)
+                except ConfigError as exc:
+                    print(f"dflash: error: {exc}", file=sys.stderr, flush=True)
+                    raise SystemExit(2) from None
+        return main(*args, **kwargs)
+    return wrapper
+
+
 def check_file_path(key: str, value) -> None:
     """`key=value` names a file an app writes at its end: one that cannot be written
     there (a directory, or a parent that is a file) is refused before the work."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hydra
 
 from dflash import config
-from dflash.errors import user_errors_exit
+from dflash.errors import hydra_dirs_checked, user_errors_exit
 from dflash.comparison.stats import bootstrap_acceptance
 from dflash.eval.baselines import build_baseline, check_baseline, paired_difference
 from dflash.decode import evaluate, speculative_decode
@@ -224,6 +224,7 @@ def comparison_table(report) -> list:
 config.register()
 
 
+@hydra_dirs_checked
 @hydra.main(config_path="conf", config_name="eval", version_base="1.3")
 @user_errors_exit
 def main(cfg) -> None:

@@ -27,7 +27,7 @@ from dflash.options import choice
 from dflash.data.build import Data, load_data
 from dflash.warmup.profile import model_identity
 from dflash.warmup.shapes import build_shape_plan, format_shape_report
-from dflash.errors import check_file_path, user_errors_exit
+from dflash.errors import check_file_path, hydra_dirs_checked, user_errors_exit
 
 config.register()  # the schemas every app composes against
 
@@ -139,6 +139,7 @@ def write_report(path: Path, report: dict) -> list[dict]:
     return entries
 
 
+@hydra_dirs_checked
 @hydra.main(config_path="conf", config_name="plan", version_base="1.3")
 @user_errors_exit
 def main(cfg: DictConfig) -> None:

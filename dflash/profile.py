@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dflash import config
 from dflash.batching.step_cost import TERMS, fit_with_holdout, repeat_spread, write_cost_file
-from dflash.errors import check_file_path, user_errors_exit
+from dflash.errors import check_file_path, hydra_dirs_checked, user_errors_exit
 from dflash.trainer import Trainer
 from dflash.warmup.profile import profile_shapes, run_identity, time_shapes
 from dflash.warmup.shapes import Shape
@@ -111,6 +111,7 @@ def steadiness_warning(fit: dict) -> str | None:
             f"records the count, so training must use the same)")
 
 
+@hydra_dirs_checked
 @hydra.main(config_path="conf", config_name="profile", version_base="1.3")
 @user_errors_exit
 def main(cfg: DictConfig) -> None:

@@ -24,7 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from dflash import config
 from dflash.data.loss_mask import end_of_turn_ids
 from dflash.data.prepare import load_tokenizer
-from dflash.errors import ConfigError, check_file_path, require, user_errors_exit
+from dflash.errors import (ConfigError, check_file_path, hydra_dirs_checked, require,
+                           user_errors_exit)
 from dflash.generation.runner import Regeneration
 from dflash.step import resolve_target_dtype
 from dflash.model.compile import checked_backend
@@ -153,6 +154,7 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
+@hydra_dirs_checked
 @hydra.main(config_path="conf", config_name="regenerate", version_base="1.3")
 @user_errors_exit
 def main(cfg: DictConfig) -> None:

@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from dflash import config
-from dflash.errors import user_errors_exit
+from dflash.errors import hydra_dirs_checked, user_errors_exit
 from dflash.preemption import Preempted, StopSignals
 from dflash.run.dir import to_log_file
 from dflash.run_summary import RunSummary
@@ -56,6 +56,7 @@ def format_summary(summary: dict) -> str:
     return "\n".join(rows)
 
 
+@hydra_dirs_checked
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 @user_errors_exit
 def _main(cfg: DictConfig) -> float | None:

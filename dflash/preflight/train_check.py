@@ -155,10 +155,15 @@ def _epoch_time(cfg, plan, mine) -> str:
 
 
 def _run_dir(cmd: Command) -> str:
+    """The run dir the command's Hydra would make; one under a file is refused, as the
+    app refuses it."""
+    from dflash.errors import check_dir_path
     hcfg = compose(cmd, hydra=True)
     from hydra.core.hydra_config import HydraConfig
     HydraConfig.instance().set_config(hcfg)
-    return str(OmegaConf.select(hcfg, "hydra.run.dir"))
+    run_dir = str(OmegaConf.select(hcfg, "hydra.run.dir"))
+    check_dir_path("hydra.run.dir", run_dir)
+    return run_dir
 
 
 def _resume_text(cfg, run_dir: Path) -> str:

@@ -111,3 +111,12 @@ def test_train_rejects_data_outside_the_target_vocabulary(tmp_path):
                 f"data.cache_dir={tmp_path}/cache", f"model.target.path={tmp_path}/m", f"hydra.run.dir={tmp_path}/run", check=False)
     assert proc.returncode != 0
     assert "outside the model vocabulary of 256" in proc.stderr
+
+
+def test_every_app_refuses_a_run_dir_under_a_file_in_one_line(tmp_path):
+    (tmp_path / "f").write_text("")
+    for app in ("plan", "buckets", "train", "eval", "regenerate", "profile", "end_to_end"):
+        proc = _run(f"dflash.{app}", f"hydra.run.dir={tmp_path / 'f' / 'run'}", check=False)
+        assert proc.returncode == 2, (app, proc.stderr[-500:])
+        assert proc.stderr.strip() == (f"dflash: error: hydra.run.dir={tmp_path / 'f' / 'run'}: "
+                                       f"{tmp_path / 'f'} is a file, not a directory"), app

@@ -113,6 +113,14 @@ def test_what_the_real_start_refuses_is_refused_in_one_line(models, command, wor
     assert "\n" not in rep.refused
 
 
+def test_a_dir_the_run_writes_under_a_file_is_refused_as_the_app_refuses_it(tmp_path):
+    (tmp_path / "f").write_text("")
+    for key in ("hydra.run.dir", "data.cache_dir"):
+        rep = check(parse(f"python -m dflash.train data=synthetic {key}={tmp_path / 'f' / 'd'}"),
+                    World.parse("cpu"))
+        assert rep.refused == f"{key}={tmp_path / 'f' / 'd'}: {tmp_path / 'f'} is a file, not a directory"
+
+
 def test_a_guide_is_checked_in_order(models, tmp_path, monkeypatch):
     """prepare's --max-seq-len is what the next train's data holds, and its token ids are
     the model's it names."""

@@ -59,3 +59,23 @@ def test_a_cache_dir_that_cannot_be_one_is_refused_before_training_builds(tmp_pa
             check_settings(compose("train", [f"data.cache_dir={where}"]))
     check_settings(compose("train", [f"data.cache_dir={tmp_path / 'new' / 'cache'}"]))
     assert not (tmp_path / "new").exists()
+
+
+def test_a_run_dir_under_a_file_is_one_line_before_hydra_makes_it(tmp_path, capsys, monkeypatch):
+    """Hydra makes the run (or sweep) dir before the app starts: under a file it was a
+    NotADirectoryError traceback."""
+    import sys
+    from dflash.errors import hydra_dirs_checked
+    (tmp_path / "f").write_text("")
+    ran = []
+    app = hydra_dirs_checked(lambda: ran.append(1))
+    for key in ("hydra.run.dir", "hydra.sweep.dir"):
+        monkeypatch.setattr(sys, "argv", ["dflash.train", "-m", f"{key}={tmp_path / 'f' / 'r'}"])
+        with pytest.raises(SystemExit) as ended:
+            app()
+        assert ended.value.code == 2 and not ran
+        assert capsys.readouterr().err.strip() == (
+            f"dflash: error: {key}={tmp_path / 'f' / 'r'}: {tmp_path / 'f'} is a file, not a directory")
+    monkeypatch.setattr(sys, "argv", ["dflash.train", f"hydra.run.dir={tmp_path / 'r'}"])
+    app()
+    assert ran == [1]
