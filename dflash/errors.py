@@ -98,12 +98,21 @@ def user_errors_exit(fn):
     import functools
     import sys
 
+    from omegaconf.errors import (InterpolationResolutionError, MissingMandatoryValue,
+                                  ValidationError)
+    # a config value met when the app reads it: a `${oc.env:...}` the environment fills
+    # with what the schema refuses, a value left `???` (not a key the code misspelled)
+    value_errors = (ValidationError, InterpolationResolutionError, MissingMandatoryValue)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
             print(f"dflash: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        except value_errors as exc:
+            print(f"dflash: error: {one_line(exc, 400)}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         except KeyboardInterrupt:
             print(f"dflash: {fn.__module__.split('.')[-1]} interrupted (Ctrl-C); what it "

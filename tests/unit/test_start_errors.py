@@ -79,3 +79,19 @@ def test_a_run_dir_under_a_file_is_one_line_before_hydra_makes_it(tmp_path, caps
     monkeypatch.setattr(sys, "argv", ["dflash.train", f"hydra.run.dir={tmp_path / 'r'}"])
     app()
     assert ran == [1]
+
+
+def test_a_value_the_environment_fills_wrongly_is_one_line(capsys, monkeypatch):
+    """logger=wandb's mode is ${oc.env:WANDB_MODE,offline}: a value the schema refuses
+    surfaced as an InterpolationValidationError traceback where the app first read it."""
+    from dflash.config import compose
+    from dflash.errors import user_errors_exit
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    cfg = compose("train", ["logger=wandb"])
+    with pytest.raises(SystemExit) as ended:
+        user_errors_exit(lambda: cfg.logger.mode)()
+    line = capsys.readouterr().err.strip()
+    assert ended.value.code == 2 and "\n" not in line
+    assert line.startswith("dflash: error: While dereferencing interpolation "
+                           "'${oc.env:WANDB_MODE,offline}': Invalid value 'bogus'")
+    assert "full_key: logger.mode" in line
