@@ -91,6 +91,16 @@ def check_file_path(key: str, value) -> None:
         raise ConfigError(f"{key}={value}: {parent} is a file, not a directory")
 
 
+def _ours(exc: BaseException) -> "UserError | None":
+    """The UserError an OmegaConf error wraps: a resolver of ours (the drafter's depth
+    from the target's config) refused a value, and its line says it best."""
+    for _ in range(8):
+        exc = exc.__cause__ or exc.__context__
+        if exc is None or isinstance(exc, UserError):
+            return exc
+    return None
+
+
 def user_errors_exit(fn):
     """For an app's Hydra task function: a UserError ends the run with its one message
     and exit status 2, not a traceback; Ctrl-C (where the app does not stop on it
@@ -112,7 +122,8 @@ def user_errors_exit(fn):
             print(f"dflash: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         except value_errors as exc:
-            print(f"dflash: error: {one_line(exc, 400)}", file=sys.stderr, flush=True)
+            print(f"dflash: error: {_ours(exc) or one_line(exc, 400)}", file=sys.stderr,
+                  flush=True)
             raise SystemExit(2) from None
         except KeyboardInterrupt:
             print(f"dflash: {fn.__module__.split('.')[-1]} interrupted (Ctrl-C); what it "

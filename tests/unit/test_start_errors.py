@@ -95,3 +95,18 @@ def test_a_value_the_environment_fills_wrongly_is_one_line(capsys, monkeypatch):
     assert line.startswith("dflash: error: While dereferencing interpolation "
                            "'${oc.env:WANDB_MODE,offline}': Invalid value 'bogus'")
     assert "full_key: logger.mode" in line
+
+
+def test_a_value_our_resolver_refuses_is_its_own_line(tmp_path, capsys):
+    """The drafter's depth is derived from the target's config.json by a resolver: a
+    target path without one is the resolver's own line, not OmegaConf's wrapping of it."""
+    from dflash.config import compose
+    from dflash.errors import user_errors_exit
+    cfg = compose("train", ["experiment=production", "data.path=d",
+                            f"model.target.path={tmp_path}"])
+    with pytest.raises(SystemExit) as ended:
+        user_errors_exit(lambda: cfg.model.drafter.num_layers)()
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"dflash: error: model.target.path={tmp_path}: no config.json there (expected a "
+        "local HF model directory)")
