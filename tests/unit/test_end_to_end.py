@@ -248,7 +248,8 @@ def test_a_stage_ended_by_a_signal_is_resumable_and_a_failed_one_says_so(tmp_pat
                         lambda cmd, _p=stages.subprocess.Popen: apps.append(_p(cmd)) or apps[-1])
 
     def press():  # the terminal sends it to the recipe and to its app
-        while not (tmp_path / "up").exists():
+        deadline = time.time() + 60
+        while not (tmp_path / "up").exists() and time.time() < deadline:
             time.sleep(0.02)
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(apps[0].pid, signal.SIGINT)
