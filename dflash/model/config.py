@@ -138,8 +138,10 @@ def check_loss_config(loss) -> None:
     require(float(loss.gamma) > 0, "loss.gamma", loss.gamma, "> 0 (a decay over the block)")
     require(0 <= float(loss.dpace_alpha) <= 1, "loss.dpace_alpha", loss.dpace_alpha, "in [0, 1]")
     require(float(loss.kl_temperature) > 0, "loss.kl_temperature", loss.kl_temperature, "> 0")
-    require(all(float(w) >= 0 for w in loss.dspark_weights), "loss.dspark_weights",
-            list(loss.dspark_weights), "non-negative")
+    weights = [float(w) for w in loss.dspark_weights]
+    require(len(weights) == 3 and all(w >= 0 for w in weights) and sum(weights) > 0,
+            "loss.dspark_weights", weights, "three non-negative weights, not all 0 "
+            "([CE on the Markov-biased logits, L1 to the target, confidence BCE])")
 
 
 @dataclass

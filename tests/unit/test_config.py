@@ -135,6 +135,8 @@ def test_every_app_keeps_its_files_where_the_dirs_group_says(monkeypatch, tmp_pa
     ("logger.log_every=0", "logger.log_every=0"),
     ("loss.gamma=0", "loss.gamma=0.0: must be > 0"),  # (NaN at step 1)
     ("eval.num_prompts=0", "eval.num_prompts=0"),  # (an eval of no prompt)
+    ("loss.dspark_weights=[0.1,0.9]", "loss.dspark_weights=[0.1, 0.9]: must be three"),  # (step 1)
+    ("loss.dspark_weights=[0,0,0]", "loss.dspark_weights=[0.0, 0.0, 0.0]"),  # (trained nothing)
 ])
 def test_a_setting_that_cannot_work_is_refused_before_the_target_or_data_load(
         tmp_path, override, named):
