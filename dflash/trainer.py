@@ -97,6 +97,13 @@ class Trainer:
         self.length = RunLength.build(cfg, self.planner, topo.rank, topo.world_size)
         self.num_anchors = anchor_slots(self.planner, int(cfg.model.drafter.num_anchors),
                                         int(cfg.batching.anchors_per_row))
+        longest = int(lengths.max()) if len(lengths) else 0
+        if not self.planner.packs_rows and self.num_anchors > 2 * max(longest, 1):
+            # every slot past a row's tokens is padding the drafter still computes: a
+            # typo here (100000 for 1000) is an out-of-memory later, say so first
+            log.warning("model.drafter.num_anchors=%d: the longest sample has %d tokens; the "
+                        "slots past a row's tokens are padding the drafter computes (memory "
+                        "and time): lower it", self.num_anchors, longest)
         # every epoch's whole plan (all ranks' batches): each rank warms the same shapes
         self.shapes = build_shape_plan(
             [self.planner.epoch(e) for e in range(self.length.num_epochs)], cfg.warmup,

@@ -244,6 +244,17 @@ def test_ctrl_c_checkpoints_and_prints_the_command_that_goes_on(tmp_path, cache)
     assert line.endswith(f"hydra.run.dir={run} resume=auto")
 
 
+def test_anchor_slots_far_past_the_longest_sample_are_named_before_a_step(tmp_path, cache,
+                                                                         caplog):
+    """A typo (100000 for 1000) ran out of memory in the first step without a word."""
+    import logging
+    with caplog.at_level(logging.WARNING, logger="dflash.trainer"):
+        r = _runner(cache, tmp_path, ["model.drafter.num_anchors=100000", "eval.enabled=false"])
+    longest = int(r.sources.data.lengths.max())
+    assert (f"model.drafter.num_anchors=100000: the longest sample has {longest} tokens"
+            in caplog.text)
+
+
 def test_runner_trains_packed_rows_in_one_shape(tmp_path, cache):
     r = _runner(cache, tmp_path, ["batching=packed", "epochs=1", "optim.max_steps=6",
                                   "eval.enabled=false", "warmup=all"])
