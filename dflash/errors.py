@@ -51,6 +51,11 @@ def check_dir_path(key: str, value) -> None:
     path = Path(str(value))
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{key}={value}: a file, not a directory")
+    _no_file_above(key, value, path)
+
+
+def _no_file_above(key: str, value, path) -> None:
+    """The nearest existing parent of `path` must be a directory for it to be made."""
     parent = next((p for p in path.parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise ConfigError(f"{key}={value}: {parent} is a file, not a directory")
@@ -71,8 +76,7 @@ def hydra_dirs_checked(main):
                 try:
                     check_dir_path(key, value)
                 except ConfigError as exc:
-                    print(f"dflash: error: {exc}", file=sys.stderr, flush=True)
-                    raise SystemExit(2) from None
+                    _exit(f"dflash: error: {exc}", 2)
         return main(*args, **kwargs)
     return wrapper
 
@@ -86,9 +90,14 @@ def check_file_path(key: str, value) -> None:
     path = Path(str(value))
     if path.is_dir():
         raise ConfigError(f"{key}={value}: a directory; give a file's path")
-    parent = next((p for p in path.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise ConfigError(f"{key}={value}: {parent} is a file, not a directory")
+    _no_file_above(key, value, path)
+
+
+def _exit(line: str, status: int):
+    """An app's last word: one line on stderr, then its exit status."""
+    import sys
+    print(line, file=sys.stderr, flush=True)
+    raise SystemExit(status) from None
 
 
 def _ours(exc: BaseException) -> "UserError | None":
@@ -106,7 +115,6 @@ def user_errors_exit(fn):
     and exit status 2, not a traceback; Ctrl-C (where the app does not stop on it
     itself, as training does) with one line and status 130, the shell's for SIGINT."""
     import functools
-    import sys
 
     from omegaconf.errors import (InterpolationResolutionError, MissingMandatoryValue,
                                   ValidationError)
@@ -119,14 +127,10 @@ def user_errors_exit(fn):
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
-            print(f"dflash: error: {exc}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
+            _exit(f"dflash: error: {exc}", 2)
         except value_errors as exc:
-            print(f"dflash: error: {_ours(exc) or one_line(exc, 400)}", file=sys.stderr,
-                  flush=True)
-            raise SystemExit(2) from None
+            _exit(f"dflash: error: {_ours(exc) or one_line(exc, 400)}", 2)
         except KeyboardInterrupt:
-            print(f"dflash: {fn.__module__.split('.')[-1]} interrupted (Ctrl-C); what it "
-                  "wrote before is kept", file=sys.stderr, flush=True)
-            raise SystemExit(130) from None
+            _exit(f"dflash: {fn.__module__.split('.')[-1]} interrupted (Ctrl-C); what it "
+                  "wrote before is kept", 130)
     return wrapper

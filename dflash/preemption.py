@@ -62,6 +62,14 @@ def _install(handler) -> dict:
             for sig in (getattr(signal, name, None) for name in SIGNALS) if sig is not None}
 
 
+def _second_press_interrupts(signum) -> None:
+    """After a first Ctrl-C (a stop asked for), the next one interrupts at once; the
+    handler `_install` replaced comes back with `_restore`."""
+    import signal
+    if signum == signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _restore(old: dict) -> None:
     import signal
     for sig, handler in old.items():
@@ -100,10 +108,8 @@ class StopSignals:
         return False
 
     def _handle(self, signum, _frame):
-        import signal
         self.signum = signum
-        if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        _second_press_interrupts(signum)
         if self.raising:
             self.raising = False  # one raise: the unwinding must not be interrupted again
             raise Preempted(self.signame)
@@ -136,12 +142,10 @@ class SignalStop:
         self.old = _install(self._handle)
 
     def _handle(self, signum, _frame):
-        import signal
         self.signum = signum
         if _ACTIVE is not None:
             _ACTIVE.signum = signum
-        if signum == signal.SIGINT:  # a second Ctrl-C interrupts at once (restore() puts
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # this one back)
+        _second_press_interrupts(signum)
 
     def requested(self, step: int, every: int):
         """The signal's name when the run should stop now, else None."""

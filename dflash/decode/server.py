@@ -120,7 +120,7 @@ class OpenAIBackend:
             # batches written so far are kept, and the same command goes on from them
             raise DataError(f"openai.base_url={self.url} stopped answering: all {len(outs)} "
                             f"requests of batch {batch_index} found no server "
-                            f"({outs[0]['error'][len('request failed: '):][:120]}); rerun the "
-                            "same command once it is back to go on")
+                            f"({outs[0]['error']}); rerun the same command once it is back "
+                            "to go on")
         return [{"key": r.key, **{k: v for k, v in o.items() if k != "no_server"}}
                 for r, o in zip(requests, outs)]
